@@ -1,0 +1,254 @@
+"""The single backing-store interface.
+
+Every byte ckptfs reads or writes in the backing directory, and every fsync,
+rename and directory change, goes through a :class:`BackingStore`.  This is the
+seam for recording operation sequences (power-loss model checking) and for
+fault injection (EIO / ENOSPC on the Nth call).
+
+Paths are relative to the backing root ("" or "." is the root itself) and never
+start with "/".  :class:`OsBackingStore` resolves them against a directory file
+descriptor opened *before* the FUSE mount covers the directory, so an in-place
+mount still reaches the files underneath it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+from collections.abc import Iterator
+from typing import Protocol
+
+IS_DARWIN = sys.platform == "darwin"
+
+
+def _rel(path: str) -> str:
+    return path if path else "."
+
+
+def durable_sync(fd: int) -> None:
+    """Flush fd's data and metadata to stable storage.
+
+    On Darwin plain fsync() leaves data in the drive cache; F_FULLFSYNC is
+    required to survive power loss (falls back to fsync where unsupported).
+    """
+    if IS_DARWIN:
+        import fcntl
+
+        try:
+            fcntl.fcntl(fd, fcntl.F_FULLFSYNC)  # type: ignore[attr-defined]
+            return
+        except OSError:
+            pass
+    os.fsync(fd)
+
+
+class BackingStore(Protocol):
+    """Operations on the backing directory.  All raise OSError on failure."""
+
+    def open(self, path: str, flags: int, mode: int = 0o644) -> int: ...
+    def close(self, fd: int) -> None: ...
+    def pread(self, fd: int, size: int, offset: int) -> bytes: ...
+    def pwrite(self, fd: int, data: bytes, offset: int) -> int: ...
+    def ftruncate(self, fd: int, length: int) -> None: ...
+    def fsync(self, fd: int) -> None: ...
+    def fdatasync(self, fd: int) -> None: ...
+    def fstat(self, fd: int) -> os.stat_result: ...
+    def copy_range(self, src_fd: int, dst_fd: int, length: int) -> None: ...
+    def lstat(self, path: str) -> os.stat_result: ...
+    def exists(self, path: str) -> bool: ...
+    def listdir(self, path: str) -> list[str]: ...
+    def mkdir(self, path: str, mode: int = 0o755) -> None: ...
+    def rmdir(self, path: str) -> None: ...
+    def unlink(self, path: str) -> None: ...
+    def rename(self, src: str, dst: str) -> None: ...
+    def symlink(self, target: str, path: str) -> None: ...
+    def readlink(self, path: str) -> str: ...
+    def fsync_dir(self, path: str) -> None: ...
+    def chmod(self, path: str, mode: int) -> None: ...
+    def chown(self, path: str, uid: int, gid: int) -> None: ...
+    def utime(self, path: str, ns: tuple[int, int] | None) -> None: ...
+    def statvfs(self) -> os.statvfs_result: ...
+    def getxattr(self, path: str, name: str) -> bytes: ...
+    def setxattr(self, path: str, name: str, value: bytes, flags: int) -> None: ...
+    def listxattr(self, path: str) -> list[str]: ...
+    def removexattr(self, path: str, name: str) -> None: ...
+
+
+class OsBackingStore:
+    """BackingStore over a real directory, all calls relative to ``root_fd``."""
+
+    def __init__(self, root: str | int) -> None:
+        if isinstance(root, int):
+            self.root_fd = root
+        else:
+            self.root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+        self.root_path = root if isinstance(root, str) else f"<fd {root}>"
+
+    def shutdown(self) -> None:
+        os.close(self.root_fd)
+
+    # -- file data ---------------------------------------------------------
+    def open(self, path: str, flags: int, mode: int = 0o644) -> int:
+        return os.open(_rel(path), flags | os.O_CLOEXEC, mode, dir_fd=self.root_fd)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+    def pread(self, fd: int, size: int, offset: int) -> bytes:
+        return os.pread(fd, size, offset)
+
+    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+        view = memoryview(data)
+        done = 0
+        while done < len(view):
+            n = os.pwrite(fd, view[done:], offset + done)
+            if n <= 0:
+                raise OSError(errno.EIO, "short write")
+            done += n
+        return done
+
+    def ftruncate(self, fd: int, length: int) -> None:
+        os.ftruncate(fd, length)
+
+    def fsync(self, fd: int) -> None:
+        durable_sync(fd)
+
+    def fdatasync(self, fd: int) -> None:
+        if IS_DARWIN or not hasattr(os, "fdatasync"):
+            durable_sync(fd)
+        else:
+            os.fdatasync(fd)
+
+    def fstat(self, fd: int) -> os.stat_result:
+        return os.fstat(fd)
+
+    def copy_range(self, src_fd: int, dst_fd: int, length: int) -> None:
+        """Copy ``length`` bytes from offset 0 of src to offset 0 of dst."""
+        off = 0
+        use_cfr = hasattr(os, "copy_file_range")
+        while off < length:
+            n = 0
+            if use_cfr:
+                try:
+                    n = os.copy_file_range(src_fd, dst_fd, length - off, off, off)
+                except OSError as e:
+                    if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+                        raise
+                    use_cfr = False
+                    continue
+            else:
+                buf = os.pread(src_fd, min(1 << 20, length - off), off)
+                if buf:
+                    n = self.pwrite(dst_fd, buf, off)
+            if n == 0:
+                break
+            off += n
+
+    # -- namespace ---------------------------------------------------------
+    def lstat(self, path: str) -> os.stat_result:
+        return os.stat(_rel(path), dir_fd=self.root_fd, follow_symlinks=False)
+
+    def exists(self, path: str) -> bool:
+        try:
+            self.lstat(path)
+            return True
+        except FileNotFoundError:
+            return False
+
+    def listdir(self, path: str) -> list[str]:
+        fd = os.open(_rel(path), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=self.root_fd)
+        try:
+            return os.listdir(fd)
+        finally:
+            os.close(fd)
+
+    def mkdir(self, path: str, mode: int = 0o755) -> None:
+        os.mkdir(path, mode, dir_fd=self.root_fd)
+
+    def rmdir(self, path: str) -> None:
+        os.rmdir(path, dir_fd=self.root_fd)
+
+    def unlink(self, path: str) -> None:
+        os.unlink(path, dir_fd=self.root_fd)
+
+    def rename(self, src: str, dst: str) -> None:
+        os.rename(src, dst, src_dir_fd=self.root_fd, dst_dir_fd=self.root_fd)
+
+    def symlink(self, target: str, path: str) -> None:
+        os.symlink(target, path, dir_fd=self.root_fd)
+
+    def readlink(self, path: str) -> str:
+        return os.readlink(path, dir_fd=self.root_fd)
+
+    def fsync_dir(self, path: str) -> None:
+        fd = os.open(_rel(path), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=self.root_fd)
+        try:
+            durable_sync(fd)
+        finally:
+            os.close(fd)
+
+    def chmod(self, path: str, mode: int) -> None:
+        os.chmod(_rel(path), mode, dir_fd=self.root_fd)
+
+    def chown(self, path: str, uid: int, gid: int) -> None:
+        os.chown(_rel(path), uid, gid, dir_fd=self.root_fd, follow_symlinks=False)
+
+    def utime(self, path: str, ns: tuple[int, int] | None) -> None:
+        if ns is None:
+            os.utime(_rel(path), dir_fd=self.root_fd, follow_symlinks=False)
+        else:
+            os.utime(_rel(path), ns=ns, dir_fd=self.root_fd, follow_symlinks=False)
+
+    def statvfs(self) -> os.statvfs_result:
+        return os.fstatvfs(self.root_fd)
+
+    # -- xattrs (fd based: works under an in-place mount, no /proc needed) --
+    def _xattr_fd(self, path: str) -> int:
+        return os.open(_rel(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=self.root_fd)
+
+    def getxattr(self, path: str, name: str) -> bytes:
+        if not hasattr(os, "getxattr"):
+            raise OSError(errno.ENOTSUP, "xattrs unsupported")
+        fd = self._xattr_fd(path)
+        try:
+            return os.getxattr(fd, name)
+        finally:
+            os.close(fd)
+
+    def setxattr(self, path: str, name: str, value: bytes, flags: int) -> None:
+        if not hasattr(os, "setxattr"):
+            raise OSError(errno.ENOTSUP, "xattrs unsupported")
+        fd = self._xattr_fd(path)
+        try:
+            os.setxattr(fd, name, value, flags)
+        finally:
+            os.close(fd)
+
+    def listxattr(self, path: str) -> list[str]:
+        if not hasattr(os, "listxattr"):
+            return []
+        fd = self._xattr_fd(path)
+        try:
+            return os.listxattr(fd)
+        finally:
+            os.close(fd)
+
+    def removexattr(self, path: str, name: str) -> None:
+        if not hasattr(os, "removexattr"):
+            raise OSError(errno.ENOTSUP, "xattrs unsupported")
+        fd = self._xattr_fd(path)
+        try:
+            os.removexattr(fd, name)
+        finally:
+            os.close(fd)
+
+    def walk_files(self, path: str = "") -> Iterator[str]:
+        """Yield relative paths of all non-directory entries under path."""
+        for name in self.listdir(path):
+            sub = f"{path}/{name}" if path else name
+            st = self.lstat(sub)
+            if (st.st_mode & 0o170000) == 0o040000:
+                yield from self.walk_files(sub)
+            else:
+                yield sub

@@ -1,0 +1,341 @@
+"""Command line: ``ckptfs mount|umount|recover|status``.
+
+Every user error ends in one line ``ckptfs: error: ...`` and exit status 2
+(1 for operational failures), never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+from . import META_DIR, __version__
+from .backing import OsBackingStore
+
+log = logging.getLogger("ckptfs")
+
+
+class CliError(Exception):
+    def __init__(self, msg: str, code: int = 2) -> None:
+        super().__init__(msg)
+        self.code = code
+
+
+# ------------------------------------------------------------------ helpers
+def mount_entry(path: str) -> tuple[str, str] | None:
+    """(fstype, source) of the mount whose mountpoint is ``path``, if any."""
+    real = os.path.realpath(path)
+    try:
+        with open("/proc/self/mountinfo") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    found = None
+    for line in lines:
+        parts = line.split()
+        sep = parts.index("-")
+        mnt = parts[4].encode().decode("unicode_escape")
+        if mnt == real:
+            found = (parts[sep + 1], parts[sep + 2])  # last one wins (stacked mounts)
+    return found
+
+
+def is_ckptfs_mount(path: str) -> bool:
+    ent = mount_entry(path)
+    return ent is not None and ent[0] == "fuse.ckptfs"
+
+
+def fusermount(path: str, lazy: bool = False) -> subprocess.CompletedProcess:
+    exe = shutil.which("fusermount3") or shutil.which("fusermount")
+    if exe:
+        cmd = [exe, "-uz" if lazy else "-u", path]
+    elif sys.platform == "darwin" or os.geteuid() == 0:
+        cmd = ["umount", *(["-l"] if lazy and sys.platform != "darwin" else []), path]
+    else:
+        raise CliError("fusermount3 not found: install fuse3 (apt-get install fuse3)")
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+def daemon_pid(path: str) -> int | None:
+    try:
+        return int(os.getxattr(path, "user.ckptfs.pid"))
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie child counts as gone
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def check_mountpoint(d: str) -> None:
+    """Raise CliError unless ``d`` can take a new ckptfs mount (cleans stale ones)."""
+    try:
+        st = os.stat(d)
+    except FileNotFoundError:
+        raise CliError(f"{d}: no such directory") from None
+    except OSError as e:
+        if e.errno == errno.ENOTCONN and is_ckptfs_mount(d):
+            print(f"ckptfs: {d}: stale ckptfs mount (daemon gone); unmounting it", file=sys.stderr)
+            res = fusermount(d, lazy=True)
+            if res.returncode != 0:
+                raise CliError(f"{d}: stale mount could not be removed: {res.stderr.strip()}") from None
+            return check_mountpoint(d)
+        raise CliError(f"{d}: {e.strerror}") from None
+    if not os.path.isdir(d) or not (st.st_mode & 0o170000) == 0o040000:
+        raise CliError(f"{d}: not a directory")
+    if is_ckptfs_mount(d) or daemon_pid(d) is not None:
+        raise CliError(f"{d}: already a ckptfs mount (run: ckptfs umount {d})")
+
+
+def check_fuse_available() -> None:
+    if sys.platform.startswith("linux") and not os.path.exists("/dev/fuse"):
+        raise CliError("/dev/fuse is missing: load the fuse module (modprobe fuse) "
+                       "or give the container the device (--device /dev/fuse --cap-add SYS_ADMIN)")
+    from .fuse_adapter import FuseUnavailable, load_mfusepy
+
+    try:
+        load_mfusepy()
+    except FuseUnavailable as e:
+        raise CliError(str(e)) from None
+
+
+# ----------------------------------------------------------------- commands
+def cmd_mount(a: argparse.Namespace) -> int:
+    d = os.path.abspath(a.dir)
+    backing = os.path.abspath(a.backing) if a.backing else d
+    check_mountpoint(d)
+    if a.backing:
+        if not os.path.isdir(backing):
+            raise CliError(f"{a.backing}: backing directory does not exist")
+        if is_ckptfs_mount(backing):
+            raise CliError(f"{a.backing}: is itself a ckptfs mount")
+    check_fuse_available()
+    if not a.foreground:
+        return spawn_daemon(a, d)
+    return run_foreground(a, d, backing)
+
+
+def spawn_daemon(a: argparse.Namespace, d: str) -> int:
+    """Start ``ckptfs mount -f`` detached and wait until it serves (or failed)."""
+    rfd, wfd = os.pipe()
+    argv = [sys.executable, "-m", "ckptfs", "mount", "-f", d, "--commit", a.commit]
+    if a.backing:
+        argv += ["--backing", a.backing]
+    if a.no_format_check:
+        argv.append("--no-format-check")
+    if a.allow_other:
+        argv.append("--allow-other")
+    env = dict(os.environ, CKPTFS_READY_FD=str(wfd))
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = pkg_root + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.Popen(argv, env=env, pass_fds=(wfd,), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    os.close(wfd)
+    with os.fdopen(rfd) as r:
+        ready = r.read()
+    if ready.startswith("ready"):
+        assert proc.stderr is not None
+        proc.stderr.close()
+        print(f"ckptfs: mounted {d} (daemon pid {proc.pid}, commit={a.commit})")
+        return 0
+    err = proc.stderr.read() if proc.stderr else ""
+    proc.wait()
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    raise CliError(lines[-1].removeprefix("ckptfs: error: ") if lines else "daemon exited during start", 1)
+
+
+def run_foreground(a: argparse.Namespace, d: str, backing: str) -> int:
+    from .fs import CkptFS
+    from .fuse_adapter import serve
+    from .journal import CorruptMetadata
+
+    store = OsBackingStore(backing)
+    try:
+        setup_logging(store, a.debug)
+        try:
+            fs = CkptFS(store, commit_mode=a.commit, check_formats=not a.no_format_check,
+                        backing_label=backing)
+        except CorruptMetadata as e:
+            raise CliError(f"{backing}: {e}; run 'ckptfs recover --rebuild {backing}'", 1) from None
+        log.info("ckptfs %s serving %s (backing %s, commit=%s)", __version__, d, backing, a.commit)
+        ready_fd = os.environ.pop("CKPTFS_READY_FD", None)
+        if ready_fd:
+            _signal_ready_when_mounted(d, int(ready_fd))
+        serve(fs, d, allow_other=a.allow_other, debug=a.debug)
+        log.info("unmounted %s", d)
+    finally:
+        store.shutdown()
+    return 0
+
+
+def _signal_ready_when_mounted(d: str, fd: int) -> None:
+    """Tell the parent we serve as soon as the mount is live (background mode)."""
+    import threading
+
+    def wait() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if is_ckptfs_mount(d) and daemon_pid(d) == os.getpid():
+                os.write(fd, b"ready\n")
+                break
+            time.sleep(0.02)
+        os.close(fd)
+        # from now on nothing may write to the parent's pipe
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        os.close(devnull)
+
+    threading.Thread(target=wait, daemon=True).start()
+
+
+def setup_logging(store: OsBackingStore, debug: bool) -> None:
+    from .journal import Journal
+
+    Journal(store).ensure_layout()
+    fd = store.open(f"{META_DIR}/daemon.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    handler = logging.StreamHandler(os.fdopen(fd, "a", buffering=1))
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if debug else logging.INFO)
+
+
+def cmd_umount(a: argparse.Namespace) -> int:
+    d = os.path.abspath(a.dir)
+    if not os.path.lexists(d):
+        raise CliError(f"{d}: no such directory")
+    if not is_ckptfs_mount(d):
+        raise CliError(f"{d}: not a ckptfs mount")
+    pid = daemon_pid(d)
+    res = fusermount(d, lazy=a.lazy)
+    if res.returncode != 0:
+        msg = res.stderr.strip() or "unmount failed"
+        hint = "" if a.lazy else " (files still open? close them, or use --lazy)"
+        raise CliError(f"{d}: {msg}{hint}", 1)
+    if pid is not None:
+        deadline = time.monotonic() + a.timeout
+        while pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if pid_alive(pid):
+            raise CliError(f"daemon pid {pid} still finishing commits after {a.timeout}s", 1)
+    print(f"ckptfs: unmounted {d}")
+    return 0
+
+
+def cmd_recover(a: argparse.Namespace) -> int:
+    from .journal import SNAPSHOT, CorruptMetadata
+    from .recovery import recover
+
+    d = os.path.abspath(a.dir)
+    if not os.path.isdir(d):
+        raise CliError(f"{d}: no such directory")
+    if is_ckptfs_mount(d):
+        raise CliError(f"{d}: is mounted; the daemon recovers on mount")
+    store = OsBackingStore(d)
+    try:
+        if a.rebuild and store.exists(SNAPSHOT):
+            bad = f"{SNAPSHOT}.corrupt.{int(time.time())}"
+            store.rename(SNAPSHOT, bad)
+            print(f"ckptfs: moved unreadable snapshot aside to {bad}; records start empty")
+        try:
+            rep = recover(store)
+        except CorruptMetadata as e:
+            raise CliError(f"{d}: {e}; rerun with --rebuild", 1) from None
+        print(f"ckptfs: {rep.summary()}; {len(rep.files)} committed files")
+    finally:
+        store.shutdown()
+    return 0
+
+
+def cmd_status(a: argparse.Namespace) -> int:
+    d = os.path.abspath(a.dir)
+    if not os.path.isdir(d):
+        raise CliError(f"{d}: no such directory")
+    if is_ckptfs_mount(d):
+        attrs = {n: os.getxattr(d, n).decode() for n in os.listxattr(d) if n.startswith("user.ckptfs.")}
+        out = {k.removeprefix("user.ckptfs."): v for k, v in attrs.items()}
+        for k in ("stats", "aborts"):
+            if k in out:
+                out[k] = json.loads(out[k])
+        out["mounted"] = True
+    else:
+        from .journal import Journal
+
+        store = OsBackingStore(d)
+        try:
+            st = Journal(store).load()
+        finally:
+            store.shutdown()
+        aborts = st.aborts + [e for e in st.entries if e.get("op") == "abort"]
+        out = {"mounted": False, "committed_files": len(st.files),
+               "journal_entries": len(st.entries), "aborts": aborts[-10:]}
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ckptfs", description="crash-consistent checkpoint filesystem")
+    p.add_argument("--version", action="version", version=f"ckptfs {__version__}")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    m = sub.add_parser("mount", help="mount ckptfs over DIR (in place)")
+    m.add_argument("dir")
+    m.add_argument("--backing", help="serve this directory at DIR instead of DIR itself")
+    m.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
+    m.add_argument("--commit", choices=("sync", "async"), default="sync",
+                   help="sync: close() returns once durable (default); async: once staged")
+    m.add_argument("--no-format-check", action="store_true",
+                   help="commit any file closed by a live process, complete or not")
+    m.add_argument("--allow-other", action="store_true", help="let other users access the mount")
+    m.add_argument("--debug", action="store_true")
+    m.set_defaults(func=cmd_mount)
+
+    u = sub.add_parser("umount", help="unmount, waiting for pending commits")
+    u.add_argument("dir")
+    u.add_argument("--lazy", action="store_true", help="detach now even if busy")
+    u.add_argument("--timeout", type=float, default=300.0)
+    u.set_defaults(func=cmd_umount)
+
+    r = sub.add_parser("recover", help="run crash recovery on an unmounted directory")
+    r.add_argument("dir")
+    r.add_argument("--rebuild", action="store_true", help="set an unreadable snapshot aside")
+    r.set_defaults(func=cmd_recover)
+
+    s = sub.add_parser("status", help="daemon state, commits and aborted versions")
+    s.add_argument("dir")
+    s.set_defaults(func=cmd_status)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except CliError as e:
+        print(f"ckptfs: error: {e}", file=sys.stderr)
+        return e.code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    sys.exit(main())

@@ -1,0 +1,844 @@
+"""The ckptfs filesystem logic, independent of FUSE.
+
+Paths are mount-relative without a leading slash ("" is the root).  Every
+method raises ``OSError`` with an errno on failure; the FUSE adapter only
+translates calls.
+
+Invariants kept here (see docs/design.md):
+
+I1  A path shows, after any crash, either its previous committed version or a
+    complete new one; never a torn, empty-instead-of-old, or missing file.
+I2  Committed state is the result of a prefix of the application's completed
+    operations: commits and namespace changes become durable one at a time, in
+    the order they completed (``commit_lock`` + the single in-flight journal).
+I3  A version closed by a process dying of a signal, unlinked while open, or
+    failing its format check is never installed.
+I4  Internal metadata (``.ckptfs``) is invisible and unreachable via the mount.
+I5  Lock order: ``commit_lock`` before ``lock``; never block on disk while
+    holding ``lock`` alone.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import json
+import logging
+import os
+import stat
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from . import META_DIR, __version__, crashpoints, formats, procinfo
+from .backing import BackingStore
+from .hashing import digest_fd
+from .journal import STAGING, Journal
+from .records import FileRecord
+from .recovery import move_prefix, parent, recover
+from .versions import Handle, Version
+
+log = logging.getLogger("ckptfs")
+
+ENODATA = getattr(errno, "ENODATA", getattr(errno, "ENOATTR", 61))
+XATTR_PREFIX = "user.ckptfs."
+COMPACT_EVERY = 4096
+
+
+@dataclass(frozen=True)
+class Caller:
+    uid: int = 0
+    gid: int = 0
+    pid: int = 0
+
+
+NOBODY = Caller()
+
+
+def _err(code: int, msg: str = "") -> OSError:
+    return OSError(code, msg or os.strerror(code))
+
+
+def is_meta(path: str) -> bool:
+    return path == META_DIR or path.startswith(META_DIR + "/")
+
+
+class CkptFS:
+    """Crash-consistent checkpoint filesystem over a BackingStore."""
+
+    def __init__(
+        self,
+        store: BackingStore,
+        *,
+        commit_mode: str = "sync",
+        check_formats: bool = True,
+        max_backlog: int = 64,
+        max_backlog_bytes: int = 16 << 30,
+        backing_label: str = "",
+    ) -> None:
+        if commit_mode not in ("sync", "async"):
+            raise ValueError("commit_mode must be 'sync' or 'async'")
+        self.store = store
+        self.commit_mode = commit_mode
+        self.check_formats = check_formats
+        self.backing_label = backing_label
+        self.lock = threading.RLock()
+        self.commit_lock = threading.RLock()
+        self.journal = Journal(store)
+        self.recovery = recover(store, self.journal)
+        self.records: dict[str, FileRecord] = self.recovery.files
+        self.aborts: collections.deque[dict] = collections.deque(self.recovery.aborts, maxlen=100)
+        self.last_abort: dict[str, str] = {}
+        self.pending: dict[str, Version] = {}
+        self.handles: dict[int, Handle] = {}
+        self._next_fh = 1
+        self.stats: collections.Counter[str] = collections.Counter()
+        self._as_root = hasattr(os, "geteuid") and os.geteuid() == 0
+        self.committer = _Committer(self, max_backlog, max_backlog_bytes) if commit_mode == "async" else None
+        log.info("recovery: %s", self.recovery.summary())
+
+    # ------------------------------------------------------------------ util
+    @staticmethod
+    def norm(path: str) -> str:
+        return path.strip("/")
+
+    def _check_visible(self, path: str) -> None:
+        if is_meta(path):
+            raise _err(errno.ENOENT)
+
+    def _lexists(self, path: str) -> bool:
+        return path in self.pending or self.store.exists(path)
+
+    def _children_pending(self, path: str) -> bool:
+        pre = path + "/" if path else ""
+        return any(p.startswith(pre) for p in self.pending)
+
+    def _new_fh(self, h: Handle) -> int:
+        with self.lock:
+            fh = self._next_fh
+            self._next_fh += 1
+            self.handles[fh] = h
+            return fh
+
+    def _handle(self, fh: int) -> Handle:
+        try:
+            return self.handles[fh]
+        except KeyError:
+            raise _err(errno.EBADF) from None
+
+    def shutdown(self) -> None:
+        """Finish queued commits, discard open versions' staging, close fds."""
+        if self.committer:
+            self.committer.stop()
+        with self.commit_lock, self.lock:
+            for h in list(self.handles.values()):
+                if h.fd is not None:
+                    self.store.close(h.fd)
+            self.handles.clear()
+            for v in list(self.pending.values()):
+                self._discard(v, "filesystem unmounted while file open")
+            self.journal.close()
+
+    # --------------------------------------------------------------- getattr
+    @staticmethod
+    def _st(st: os.stat_result) -> dict[str, Any]:
+        return {
+            "st_mode": st.st_mode, "st_ino": st.st_ino, "st_nlink": st.st_nlink,
+            "st_uid": st.st_uid, "st_gid": st.st_gid, "st_size": st.st_size,
+            "st_atime": st.st_atime_ns, "st_mtime": st.st_mtime_ns, "st_ctime": st.st_ctime_ns,
+            "st_blocks": st.st_blocks, "st_blksize": st.st_blksize,
+        }
+
+    def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
+        path = self.norm(path)
+        if fh is not None and fh in self.handles:
+            h = self.handles[fh]
+            if h.version is not None:
+                return self._st(self.store.fstat(h.version.fd))
+        self._check_visible(path)
+        v = self.pending.get(path)
+        if v is not None:
+            try:
+                return self._st(self.store.fstat(v.fd))
+            except OSError:
+                pass  # installed concurrently: fall through to the backing path
+        return self._st(self.store.lstat(path))
+
+    def readdir(self, path: str) -> list[str]:
+        path = self.norm(path)
+        self._check_visible(path)
+        names = set(self.store.listdir(path))
+        if path == "":
+            names.discard(META_DIR)
+        pre = path + "/" if path else ""
+        with self.lock:
+            for p in self.pending:
+                if p.startswith(pre) and "/" not in p[len(pre) :]:
+                    names.add(p[len(pre) :])
+        return [".", "..", *sorted(names)]
+
+    def readlink(self, path: str) -> str:
+        path = self.norm(path)
+        self._check_visible(path)
+        return self.store.readlink(path)
+
+    def statfs(self) -> dict[str, int]:
+        sv = self.store.statvfs()
+        return {k: getattr(sv, k) for k in (
+            "f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail",
+            "f_files", "f_ffree", "f_favail", "f_namemax")}
+
+    # ---------------------------------------------------------- open/create
+    def _staging_name(self) -> str:
+        return f"{STAGING}/{uuid.uuid4().hex}"
+
+    def _new_version(self, path: str, mode: int, caller: Caller, src: Version | None = None,
+                     src_fd: int | None = None) -> Version:
+        """Create a staged version of ``path``; cloned from src/src_fd if given."""
+        name = self._staging_name()
+        fd = self.store.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL, stat.S_IMODE(mode) or 0o644)
+        v = Version(path=path, staging=name, fd=fd)
+        try:
+            if self._as_root and (caller.uid or caller.gid):
+                os.fchown(fd, caller.uid, caller.gid)
+            if src is not None:
+                self.store.copy_range(src.fd, fd, src.size)
+                v.size = src.size
+                v.digest = src.digest.copy()
+            elif src_fd is not None:
+                size = self.store.fstat(src_fd).st_size
+                self.store.copy_range(src_fd, fd, size)
+                v.size = size
+                v.digest.stale = size > 0
+        except OSError:
+            self._drop_staging(v)
+            raise
+        return v
+
+    def _drop_staging(self, v: Version) -> None:
+        try:
+            self.store.close(v.fd)
+        except OSError:
+            pass
+        try:
+            self.store.unlink(v.staging)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            log.warning("could not remove staging %s: %s", v.staging, e)
+
+    def create(self, path: str, mode: int, flags: int = os.O_WRONLY, caller: Caller = NOBODY) -> int:
+        path = self.norm(path)
+        if is_meta(path) or path == "":
+            raise _err(errno.EACCES)
+        with self.lock:
+            if flags & os.O_EXCL and self._lexists(path):
+                raise _err(errno.EEXIST)
+            if not self.store.exists(parent(path)):
+                raise _err(errno.ENOENT)
+        v = self._new_version(path, mode, caller)
+        with self.lock:
+            old = self.pending.get(path)
+            if old is not None and old.state == "open":
+                old.unlinked = True  # superseded: never installed
+            self.pending[path] = v
+            v.refs = v.writers = 1
+            return self._new_fh(Handle(path=path, writable=True, version=v, append=bool(flags & os.O_APPEND)))
+
+    def open(self, path: str, flags: int, caller: Caller = NOBODY) -> int:
+        path = self.norm(path)
+        self._check_visible(path)
+        acc = flags & os.O_ACCMODE
+        writable = acc in (os.O_WRONLY, os.O_RDWR)
+        with self.lock:
+            v = self.pending.get(path)
+            if writable and flags & os.O_TRUNC:
+                mode = self.getattr(path)["st_mode"]
+                nv = self._new_version(path, mode, caller)
+                if v is not None and v.state == "open":
+                    v.unlinked = True
+                self.pending[path] = nv
+                nv.refs = nv.writers = 1
+                return self._new_fh(Handle(path=path, writable=True, version=nv, append=bool(flags & os.O_APPEND)))
+            if v is not None:
+                v.refs += 1
+                if writable:
+                    v.writers += 1
+                return self._new_fh(Handle(path=path, writable=writable, version=v, append=bool(flags & os.O_APPEND)))
+        st = self.store.lstat(path)
+        if stat.S_ISDIR(st.st_mode):
+            raise _err(errno.EISDIR)
+        fd = self.store.open(path, os.O_RDONLY)
+        return self._new_fh(Handle(path=path, writable=writable, fd=fd, append=bool(flags & os.O_APPEND)))
+
+    def _writable_version(self, h: Handle, caller: Caller) -> Version:
+        """The open version a write through ``h`` goes to (copy-on-write).
+
+        The clone is made outside ``lock`` (it may copy gigabytes)."""
+        v = h.version
+        if v is not None and v.state == "open":
+            return v
+        with h.lock:
+            v = h.version
+            if v is not None and v.state == "open":
+                return v
+            if v is not None:
+                nv = self._new_version(h.path, self.store.fstat(v.fd).st_mode, caller, src=v)
+            else:
+                assert h.fd is not None
+                nv = self._new_version(h.path, self.store.fstat(h.fd).st_mode, caller, src_fd=h.fd)
+            with self.lock:
+                if v is not None:
+                    v.refs -= 1
+                    v.writers -= 1
+                    self._maybe_close(v)
+                else:
+                    self.store.close(h.fd)
+                    h.fd = None
+                cur = self.pending.get(h.path)
+                if cur is not None and cur is not v and cur.state == "open":
+                    cur.unlinked = True
+                self.pending[h.path] = nv
+                nv.refs = nv.writers = 1
+                h.version = nv
+                return nv
+
+    # ------------------------------------------------------------- data I/O
+    def read(self, fh: int, size: int, offset: int) -> bytes:
+        h = self._handle(fh)
+        fd = h.version.fd if h.version is not None else h.fd
+        assert fd is not None
+        return self.store.pread(fd, size, offset)
+
+    def write(self, fh: int, data: bytes, offset: int, caller: Caller = NOBODY) -> int:
+        h = self._handle(fh)
+        if not h.writable:
+            raise _err(errno.EBADF)
+        while True:
+            v = self._writable_version(h, caller)
+            with v.lock:
+                if v.state != "open":
+                    continue  # frozen by a concurrent commit: clone and retry
+                n = self.store.pwrite(v.fd, data, offset)
+                v.digest.update(data, offset)
+                v.size = max(v.size, offset + n)
+                v.dirty = True
+                self.stats["bytes_written"] += n
+                return n
+
+    def truncate(self, path: str, length: int, fh: int | None = None, caller: Caller = NOBODY) -> None:
+        path = self.norm(path)
+        self._check_visible(path)
+        if fh is not None and fh in self.handles and self.handles[fh].writable:
+            self._truncate_handle(self.handles[fh], length, caller)
+            return
+        v = self.pending.get(path)
+        if v is not None and v.state == "open":
+            with v.lock:
+                self.store.ftruncate(v.fd, length)
+                v.digest.truncated(length)
+                v.size = length
+                v.dirty = True
+            return
+        # truncate(2) by path of a committed file: a new version, committed now
+        fh2 = self.open(path, os.O_WRONLY, caller)
+        try:
+            self._truncate_handle(self.handles[fh2], length, caller)
+            self.flush(fh2, caller)
+        finally:
+            self.release(fh2)
+
+    def _truncate_handle(self, h: Handle, length: int, caller: Caller) -> None:
+        while True:
+            v = self._writable_version(h, caller)
+            with v.lock:
+                if v.state != "open":
+                    continue
+                self.store.ftruncate(v.fd, length)
+                v.digest.truncated(length)
+                v.size = length
+                v.dirty = True
+                return
+
+    # ------------------------------------------------------------ committing
+    def _abort(self, v: Version, reason: str) -> None:
+        entry = {"op": "abort", "path": v.path, "reason": reason, "time": time.time()}
+        log.warning("not committing %s: %s", v.path, reason)
+        self.aborts.append(entry)
+        self.last_abort[v.path] = reason
+        self.stats["aborts"] += 1
+        try:
+            self.journal.append(entry, sync=False)
+        except OSError as e:
+            log.warning("could not log abort: %s", e)
+
+    def _seal(self, v: Version) -> None:
+        """Freeze v and fill in its record; raise EIO if incomplete.  Holds v.lock."""
+        size = self.store.fstat(v.fd).st_size
+        v.size = size
+        if self.check_formats:
+            reason = formats.check(self.store, v.fd, size, os.path.basename(v.path))
+            if reason:
+                self._abort(v, reason)
+                raise _err(errno.EIO, f"ckptfs: refusing to commit incomplete {v.path}: {reason}")
+        got = v.digest.finish(size)
+        if got is None:
+            self.stats["rehashes"] += 1
+            got = digest_fd(self.store, v.fd, size)
+        prev = self.records.get(v.path)
+        v.record = FileRecord(
+            size=size, blake3=got[0], chunks=got[1],
+            generation=(prev.generation + 1) if prev else 1,
+            committed_at=time.time(), ino=self.store.fstat(v.fd).st_ino,
+        )
+        v.state = "queued" if self.committer else "committing"
+
+    def _install(self, v: Version) -> None:
+        """Make v durable and install it at v.path.  Caller holds commit_lock."""
+        if v.unlinked:
+            self._discard(v, None)
+            return
+        rec = v.record
+        assert rec is not None
+        prev = self.records.get(v.path)
+        if prev is not None and rec.generation != prev.generation + 1:
+            rec = FileRecord(**{**rec.to_json(), "generation": prev.generation + 1})
+        self.store.fsync(v.fd)
+        crashpoints.hit("stage_synced")
+        mark = self.journal.append({"op": "install", "path": v.path, "staging": v.staging, "rec": rec.to_json()})
+        crashpoints.hit("intent_logged")
+        try:
+            self.store.rename(v.staging, v.path)
+        except OSError:
+            self.journal.retract(mark)
+            raise
+        crashpoints.hit("installed")
+        try:
+            self.store.fsync_dir(parent(v.path))
+        except OSError as e:
+            # The new version is in place but its durability is unknown: keep
+            # the in-memory state truthful and fail the caller (never re-fsync).
+            self._installed(v, rec)
+            v.error = e
+            raise
+        crashpoints.hit("dir_synced")
+        self._installed(v, rec)
+        self._maybe_compact()
+
+    def _installed(self, v: Version, rec: FileRecord) -> None:
+        with self.lock:
+            self.records[v.path] = rec
+            v.record = rec
+            v.state = "installed"
+            v.dirty = False
+            if self.pending.get(v.path) is v:
+                del self.pending[v.path]
+            self.last_abort.pop(v.path, None)
+            self.stats["commits"] += 1
+            self.stats["bytes_committed"] += rec.size
+            self._maybe_close(v)
+
+    def _maybe_compact(self) -> None:
+        if self.journal.entries_since_snapshot >= COMPACT_EVERY:
+            self.journal.compact(self.records, list(self.aborts))
+
+    def _commit(self, v: Version, caller: Caller, wait: bool) -> None:
+        """Seal and commit v (sync: inline; async: queued, optionally waited)."""
+        with v.lock:
+            if v.state != "open" or not v.dirty:
+                sealed = False
+            else:
+                self._seal(v)
+                sealed = True
+        if sealed and self.committer is None:
+            try:
+                with self.commit_lock:
+                    self._install(v)
+            except OSError as e:
+                self._failed(v, e)
+                raise
+        elif sealed:
+            self.committer.submit(v)
+        if wait and self.committer is not None and v.state in ("queued", "committing"):
+            v.done.wait()
+            if v.error is not None:
+                raise _err(v.error.errno or errno.EIO, str(v.error))
+
+    def _failed(self, v: Version, e: OSError) -> None:
+        """A commit hit an I/O error: the data is treated as lost (never re-fsync)."""
+        log.error("commit of %s failed: %s", v.path, e)
+        v.error = e
+        self._abort(v, f"I/O error during commit: {e}")
+        with self.lock:
+            if v.state != "installed":
+                self._discard(v, None)
+
+    def flush(self, fh: int, caller: Caller = NOBODY) -> None:
+        h = self._handle(fh)
+        v = h.version
+        if not h.writable or v is None or v.state != "open" or not v.dirty:
+            return
+        sig = procinfo.killing_signal(caller.pid)
+        if sig:
+            v.doomed = f"writer pid {caller.pid} killed by signal {sig}"
+            return
+        if v.unlinked:
+            return
+        self._commit(v, caller, wait=False)
+
+    def fsync(self, fh: int, caller: Caller = NOBODY) -> None:
+        h = self._handle(fh)
+        v = h.version
+        if v is None:
+            return
+        if v.state == "open" and v.dirty and not v.unlinked:
+            self._commit(v, caller, wait=True)
+        elif v.state in ("queued", "committing"):
+            self._commit(v, caller, wait=True)
+        if v.error is not None:
+            raise _err(v.error.errno or errno.EIO, str(v.error))
+
+    def fsyncdir(self) -> None:
+        if self.committer:
+            self.committer.drain()
+
+    def release(self, fh: int, caller: Caller = NOBODY) -> None:
+        with self.lock:
+            h = self.handles.pop(fh, None)
+        if h is None:
+            return
+        if h.fd is not None:
+            self.store.close(h.fd)
+        v = h.version
+        if v is None:
+            return
+        commit_now = False
+        with self.lock:
+            v.refs -= 1
+            if h.writable:
+                v.writers -= 1
+            if v.state == "open" and v.writers == 0:
+                if v.unlinked:
+                    self._discard(v, None)
+                elif v.doomed:
+                    self._abort(v, v.doomed)
+                    self._discard(v, None)
+                elif v.dirty and v.path in self.last_abort:
+                    self._discard(v, None)  # refused at flush; already logged
+                elif v.dirty:
+                    commit_now = True  # written after the last flush (e.g. mmap writeback)
+            self._maybe_close(v)
+        if commit_now:
+            try:
+                self._commit(v, caller, wait=False)
+            except OSError as e:
+                log.warning("late commit of %s at release failed: %s", v.path, e)
+                with self.lock:
+                    self._discard(v, None)
+
+    def _discard(self, v: Version, reason: str | None) -> None:
+        """Drop a version that will never be installed.  Caller holds lock."""
+        if reason:
+            self._abort(v, reason)
+        if self.pending.get(v.path) is v:
+            del self.pending[v.path]
+        if v.state not in ("installed", "discarded"):
+            v.state = "discarded"
+            v.done.set()
+            try:
+                self.store.unlink(v.staging)
+            except OSError:
+                pass
+        self._maybe_close(v)
+
+    def _maybe_close(self, v: Version) -> None:
+        if v.refs <= 0 and v.state in ("installed", "discarded") and v.fd >= 0:
+            try:
+                self.store.close(v.fd)
+            except OSError:
+                pass
+            v.fd = -1
+
+    # ----------------------------------------------------- namespace changes
+    def _ns_op(self, entry: dict, do, dirs: list[str]) -> None:
+        """Journal ``entry``, perform ``do()``, fsync ``dirs``.  Holds commit_lock."""
+        mark = self.journal.append(entry)
+        crashpoints.hit("ns_intent_logged")
+        try:
+            do()
+        except OSError:
+            self.journal.retract(mark)
+            raise
+        crashpoints.hit("ns_done")
+        for d in dict.fromkeys(dirs):
+            self.store.fsync_dir(d)
+        self.stats["ns_ops"] += 1
+
+    def _barrier(self) -> None:
+        """Order a namespace op after every earlier commit (async mode)."""
+        if self.committer:
+            self.committer.drain()
+
+    def mkdir(self, path: str, mode: int, caller: Caller = NOBODY) -> None:
+        path = self.norm(path)
+        if is_meta(path):
+            raise _err(errno.EACCES)
+        self._barrier()
+        with self.commit_lock:
+            if self._lexists(path):
+                raise _err(errno.EEXIST)
+
+            def do() -> None:
+                self.store.mkdir(path, mode)
+                if self._as_root and (caller.uid or caller.gid):
+                    self.store.chown(path, caller.uid, caller.gid)
+
+            self._ns_op({"op": "mkdir", "path": path, "mode": mode}, do, [parent(path)])
+
+    def rmdir(self, path: str) -> None:
+        path = self.norm(path)
+        self._check_visible(path)
+        self._barrier()
+        with self.commit_lock:
+            if self._children_pending(path):
+                raise _err(errno.ENOTEMPTY)
+            st = self.store.lstat(path)
+            if not stat.S_ISDIR(st.st_mode):
+                raise _err(errno.ENOTDIR)
+            if self.store.listdir(path):
+                raise _err(errno.ENOTEMPTY)
+            self._ns_op({"op": "rmdir", "path": path}, lambda: self.store.rmdir(path), [parent(path)])
+
+    def symlink(self, target: str, path: str, caller: Caller = NOBODY) -> None:
+        path = self.norm(path)
+        if is_meta(path):
+            raise _err(errno.EACCES)
+        self._barrier()
+        with self.commit_lock:
+            if self._lexists(path):
+                raise _err(errno.EEXIST)
+
+            def do() -> None:
+                self.store.symlink(target, path)
+                if self._as_root and (caller.uid or caller.gid):
+                    self.store.chown(path, caller.uid, caller.gid)
+
+            self._ns_op({"op": "symlink", "path": path, "target": target}, do, [parent(path)])
+            with self.lock:
+                self.records.pop(path, None)
+
+    def unlink(self, path: str) -> None:
+        path = self.norm(path)
+        self._check_visible(path)
+        self._barrier()
+        with self.commit_lock:
+            with self.lock:
+                v = self.pending.pop(path, None)
+                if v is not None:
+                    v.unlinked = True
+            if self.store.exists(path):
+                if stat.S_ISDIR(self.store.lstat(path).st_mode):
+                    raise _err(errno.EISDIR)
+                self._ns_op({"op": "unlink", "path": path}, lambda: self.store.unlink(path), [parent(path)])
+            elif v is None:
+                raise _err(errno.ENOENT)
+            with self.lock:
+                self.records.pop(path, None)
+                self.last_abort.pop(path, None)
+
+    def rename(self, old: str, new: str, flags: int = 0) -> None:
+        old, new = self.norm(old), self.norm(new)
+        self._check_visible(old)
+        if is_meta(new) or new == "":
+            raise _err(errno.EACCES)
+        if flags & ~1:  # only RENAME_NOREPLACE
+            raise _err(errno.EINVAL)
+        if new == old:
+            return
+        if new.startswith(old + "/"):
+            raise _err(errno.EINVAL)
+        self._barrier()
+        with self.commit_lock:
+            if flags & 1 and self._lexists(new):
+                raise _err(errno.EEXIST)
+            on_disk = self.store.exists(old)
+            if not on_disk and not self._lexists(old) and not self._children_pending(old):
+                raise _err(errno.ENOENT)
+            if self._children_pending(new):
+                raise _err(errno.ENOTEMPTY)
+            if on_disk:
+                dirs = [parent(new), parent(old)]
+                self._ns_op({"op": "rename", "src": old, "dst": new},
+                            lambda: self.store.rename(old, new), dirs)
+            with self.lock:
+                if on_disk:
+                    pre = new + "/"
+                    for k in [k for k in self.records if k == new or k.startswith(pre)]:
+                        del self.records[k]
+                    move_prefix(self.records, old, new)
+                displaced = self.pending.get(new)
+                if displaced is not None and displaced.state == "open":
+                    displaced.unlinked = True
+                moved = [p for p in self.pending if p == old or p.startswith(old + "/")]
+                for p in moved:
+                    v = self.pending.pop(p)
+                    v.path = new + p[len(old):]
+                    self.pending[v.path] = v
+                for h in self.handles.values():
+                    if h.path == old or h.path.startswith(old + "/"):
+                        h.path = new + h.path[len(old):]
+
+    # ------------------------------------------------------------ attributes
+    def _attr_target(self, path: str) -> str:
+        v = self.pending.get(path)
+        return v.staging if v is not None else path
+
+    def chmod(self, path: str, mode: int) -> None:
+        path = self.norm(path)
+        self._check_visible(path)
+        self.store.chmod(self._attr_target(path), mode)
+
+    def chown(self, path: str, uid: int, gid: int) -> None:
+        path = self.norm(path)
+        self._check_visible(path)
+        self.store.chown(self._attr_target(path), uid, gid)
+
+    def utimens(self, path: str, ns: tuple[int | None, int | None] | None) -> None:
+        """Set (atime, mtime) in ns; a None member is left unchanged."""
+        path = self.norm(path)
+        self._check_visible(path)
+        target = self._attr_target(path)
+        if ns is not None and (ns[0] is None or ns[1] is None):
+            st = self.store.lstat(target)
+            ns = (st.st_atime_ns if ns[0] is None else ns[0], st.st_mtime_ns if ns[1] is None else ns[1])
+        self.store.utime(target, ns)  # type: ignore[arg-type]
+
+    # ---------------------------------------------------------------- xattrs
+    def _status_attrs(self, path: str) -> dict[str, str]:
+        if path == "":
+            return {
+                "user.ckptfs.version": __version__,
+                "user.ckptfs.pid": str(os.getpid()),
+                "user.ckptfs.commit_mode": self.commit_mode,
+                "user.ckptfs.backing": self.backing_label,
+                "user.ckptfs.stats": json.dumps(dict(self.stats), sort_keys=True),
+                "user.ckptfs.aborts": json.dumps(list(self.aborts)[-10:]),
+            }
+        out: dict[str, str] = {}
+        v = self.pending.get(path)
+        rec = self.records.get(path)
+        if v is not None:
+            out["user.ckptfs.status"] = "staging"
+        elif rec is not None:
+            out["user.ckptfs.status"] = "committed"
+        elif stat.S_ISREG(self.store.lstat(path).st_mode):
+            out["user.ckptfs.status"] = "untracked"
+        if v is None and rec is not None:
+            out.update({
+                "user.ckptfs.blake3": rec.blake3,
+                "user.ckptfs.size": str(rec.size),
+                "user.ckptfs.generation": str(rec.generation),
+                "user.ckptfs.committed_at": rec.committed_iso(),
+            })
+        if path in self.last_abort:
+            out["user.ckptfs.last_abort"] = self.last_abort[path]
+        return out
+
+    def getxattr(self, path: str, name: str) -> bytes:
+        if name == "security.capability":
+            raise _err(ENODATA)
+        path = self.norm(path)
+        self._check_visible(path)
+        if name.startswith(XATTR_PREFIX):
+            attrs = self._status_attrs(path)
+            if name not in attrs:
+                raise _err(ENODATA)
+            return attrs[name].encode()
+        return self.store.getxattr(self._attr_target(path), name)
+
+    def listxattr(self, path: str) -> list[str]:
+        path = self.norm(path)
+        self._check_visible(path)
+        names = list(self._status_attrs(path))
+        try:
+            names += self.store.listxattr(self._attr_target(path))
+        except OSError:
+            pass
+        return names
+
+    def setxattr(self, path: str, name: str, value: bytes, flags: int) -> None:
+        path = self.norm(path)
+        self._check_visible(path)
+        if name.startswith(XATTR_PREFIX):
+            raise _err(errno.EPERM)
+        self.store.setxattr(self._attr_target(path), name, value, flags)
+
+    def removexattr(self, path: str, name: str) -> None:
+        path = self.norm(path)
+        self._check_visible(path)
+        if name.startswith(XATTR_PREFIX):
+            raise _err(errno.EPERM)
+        self.store.removexattr(self._attr_target(path), name)
+
+
+class _Committer:
+    """Background committer for ``--commit=async``: installs sealed versions
+    one at a time in submission (= close) order; bounded backlog."""
+
+    def __init__(self, fs: CkptFS, max_items: int, max_bytes: int) -> None:
+        self.fs = fs
+        self.max_items = max_items
+        self.max_bytes = max_bytes
+        self.queue: collections.deque[Version] = collections.deque()
+        self.queued_bytes = 0
+        self.busy = False
+        self.stopping = False
+        self.cond = threading.Condition()
+        self.thread = threading.Thread(target=self._run, name="ckptfs-committer", daemon=True)
+        self.thread.start()
+
+    def submit(self, v: Version) -> None:
+        with self.cond:
+            while self.queue and (len(self.queue) >= self.max_items
+                                  or self.queued_bytes + v.size > self.max_bytes):
+                self.fs.stats["backpressure_waits"] += 1
+                self.cond.wait()
+            self.queue.append(v)
+            self.queued_bytes += v.size
+            self.cond.notify_all()
+
+    def drain(self) -> None:
+        with self.cond:
+            while self.queue or self.busy:
+                self.cond.wait()
+
+    def stop(self) -> None:
+        self.drain()
+        with self.cond:
+            self.stopping = True
+            self.cond.notify_all()
+        self.thread.join()
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                while not self.queue and not self.stopping:
+                    self.cond.wait()
+                if not self.queue:
+                    return
+                v = self.queue.popleft()
+                self.busy = True
+            try:
+                with self.fs.commit_lock:
+                    v.state = "committing"
+                    self.fs._install(v)
+            except OSError as e:
+                self.fs._failed(v, e)
+            finally:
+                v.done.set()
+                with self.cond:
+                    self.busy = False
+                    self.queued_bytes -= v.size
+                    self.cond.notify_all()

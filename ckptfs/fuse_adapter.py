@@ -1,0 +1,216 @@
+"""Thin FUSE adapter: translate mfusepy callbacks into :class:`CkptFS` calls.
+
+All FUSE specifics live here.  No filesystem logic: each callback converts
+arguments, adds the calling process (uid, gid, pid) and forwards.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import errno
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+from .fs import Caller, CkptFS
+
+log = logging.getLogger("ckptfs.fuse")
+
+
+class FuseUnavailable(Exception):
+    """libfuse3 (or macFUSE) cannot be loaded; message says what to install."""
+
+
+def load_mfusepy() -> Any:
+    """Import mfusepy bound to libfuse3 (never libfuse2: it caps writes at 128 KiB)."""
+    if sys.platform.startswith("linux") and not os.environ.get("FUSE_LIBRARY_PATH"):
+        lib = ctypes.util.find_library("fuse3")
+        if not lib:
+            raise FuseUnavailable(
+                "libfuse3 not found: install it (Debian/Ubuntu: apt-get install fuse3 libfuse3-3; "
+                "Fedora: dnf install fuse3 fuse3-libs)")
+        os.environ["FUSE_LIBRARY_PATH"] = lib
+    try:
+        import mfusepy
+    except (OSError, ImportError) as e:
+        raise FuseUnavailable(f"cannot load FUSE library: {e} (Linux: apt-get install fuse3 libfuse3-3; "
+                              "macOS: install macFUSE)") from e
+    if sys.platform.startswith("linux") and mfusepy.fuse_version_major != 3:
+        raise FuseUnavailable("mfusepy loaded libfuse2; ckptfs needs libfuse3 (apt-get install libfuse3-3)")
+    return mfusepy
+
+
+def make_operations(mfusepy: Any, fs: CkptFS) -> Any:
+    """Build the mfusepy Operations object for ``fs``."""
+
+    def caller() -> Caller:
+        uid, gid, pid = mfusepy.fuse_get_context()
+        return Caller(uid, gid, pid)
+
+    class Ops(mfusepy.Operations):
+        use_ns = True
+
+        def init_with_config(self, conn: Any, config: Any) -> None:
+            if config is not None:
+                config.hard_remove = 1  # unlink really unlinks; no .fuse_hidden files
+                config.entry_timeout = 1.0
+                config.attr_timeout = 1.0
+                config.negative_timeout = 0.0
+            if conn is not None:
+                log.info("FUSE connection: max_write=%s max_readahead=%s", conn.max_write, conn.max_readahead)
+
+        def destroy(self, path: str) -> None:
+            fs.shutdown()
+
+        def getattr(self, path: str | None, fh: int | None = None) -> dict[str, Any]:
+            return fs.getattr(path or "", fh)
+
+        def readdir(self, path: str, fh: int) -> list[str]:
+            return fs.readdir(path)
+
+        def readlink(self, path: str) -> str:
+            return fs.readlink(path)
+
+        def statfs(self, path: str) -> dict[str, int]:
+            return fs.statfs()
+
+        def create(self, path: str, mode: int, fi: Any = None) -> int:
+            flags = fi if isinstance(fi, int) else os.O_WRONLY
+            return fs.create(path, mode, flags, caller())
+
+        def open(self, path: str, flags: int) -> int:
+            return fs.open(path, flags, caller())
+
+        def read(self, path: str | None, size: int, offset: int, fh: int) -> bytes:
+            return fs.read(fh, size, offset)
+
+        def write(self, path: str | None, data: bytes, offset: int, fh: int) -> int:
+            return fs.write(fh, data, offset, caller())
+
+        def truncate(self, path: str | None, length: int, fh: int | None = None) -> int:
+            fs.truncate(path or "", length, fh, caller())
+            return 0
+
+        def flush(self, path: str | None, fh: int) -> int:
+            fs.flush(fh, caller())
+            return 0
+
+        def fsync(self, path: str | None, datasync: int, fh: int) -> int:
+            fs.fsync(fh, caller())
+            return 0
+
+        def fsyncdir(self, path: str | None, datasync: int, fh: int) -> int:
+            fs.fsyncdir()
+            return 0
+
+        def release(self, path: str | None, fh: int) -> int:
+            fs.release(fh, caller())
+            return 0
+
+        def mkdir(self, path: str, mode: int) -> int:
+            fs.mkdir(path, mode, caller())
+            return 0
+
+        def rmdir(self, path: str) -> int:
+            fs.rmdir(path)
+            return 0
+
+        def unlink(self, path: str) -> int:
+            fs.unlink(path)
+            return 0
+
+        def rename(self, old: str, new: str, flags: int = 0) -> int:
+            fs.rename(old, new, flags)
+            return 0
+
+        def symlink(self, target: str, source: str) -> int:
+            # mfusepy passes (link path, link target)
+            fs.symlink(source, target, caller())
+            return 0
+
+        def link(self, target: str, source: str) -> int:
+            raise OSError(errno.EPERM, "hard links are not supported by ckptfs")
+
+        def chmod(self, path: str, mode: int) -> int:
+            fs.chmod(path, mode)
+            return 0
+
+        def chown(self, path: str, uid: int, gid: int) -> int:
+            fs.chown(path, uid, gid)
+            return 0
+
+        def utimens(self, path: str, times: tuple[int | None, int | None] | None = None) -> int:
+            fs.utimens(path, times)
+            return 0
+
+        def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
+            return fs.getxattr(path, name)
+
+        def listxattr(self, path: str) -> list[str]:
+            return fs.listxattr(path)
+
+        def setxattr(self, path: str, name: str, value: bytes, options: int, position: int = 0) -> int:
+            fs.setxattr(path, name, value, options)
+            return 0
+
+        def removexattr(self, path: str, name: str) -> int:
+            fs.removexattr(path, name)
+            return 0
+
+    return Ops()
+
+
+def make_fuse_class(mfusepy: Any) -> type:
+    """mfusepy.FUSE with the libfuse3 arguments it drops passed through."""
+
+    class FUSE(mfusepy.FUSE):
+        def rename_fuse_3(self, old: bytes, new: bytes, flags: int) -> int:
+            return self.operations.rename(old.decode(self.encoding, self.errors),
+                                          new.decode(self.encoding, self.errors), flags)
+
+        def truncate_fuse_3(self, path: bytes | None, length: int, fip: Any) -> int:
+            fh = fip.contents.fh if fip else None
+            return self.operations.truncate(
+                None if path is None else path.decode(self.encoding, self.errors), length, fh)
+
+        def utimens_fuse_3(self, path: bytes | None, buf: Any, fip: Any) -> int:
+            times = None
+            if buf:
+                times = (_ts(buf.contents.actime), _ts(buf.contents.modtime))
+            return self.operations.utimens(None if path is None else path.decode(self.encoding, self.errors), times)
+
+    return FUSE
+
+
+UTIME_NOW = (1 << 30) - 1
+UTIME_OMIT = (1 << 30) - 2
+
+
+def _ts(ts: Any) -> int | None:
+    """Nanoseconds of a timespec; None for UTIME_OMIT, now for UTIME_NOW."""
+    if ts.tv_nsec == UTIME_OMIT:
+        return None
+    if ts.tv_nsec == UTIME_NOW:
+        return time.time_ns()
+    return ts.tv_sec * 10**9 + ts.tv_nsec
+
+
+def serve(fs: CkptFS, mountpoint: str, *, allow_other: bool = False, debug: bool = False) -> None:
+    """Mount ``fs`` at ``mountpoint`` and serve until unmounted (foreground)."""
+    mfusepy = load_mfusepy()
+    logging.getLogger("mfusepy").setLevel(logging.DEBUG if debug else logging.ERROR)
+    fuse_cls = make_fuse_class(mfusepy)
+    opts: dict[str, Any] = {
+        "foreground": True,
+        "nothreads": False,
+        "fsname": f"ckptfs:{fs.backing_label}"[:200],
+        "subtype": "ckptfs",
+        "default_permissions": True,
+    }
+    if allow_other:
+        opts["allow_other"] = True
+    if debug:
+        opts["debug"] = True
+    fuse_cls(make_operations(mfusepy, fs), mountpoint, **opts)

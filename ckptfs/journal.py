@@ -1,0 +1,233 @@
+"""Durable intent journal and snapshot (the commit log).
+
+Layout under ``<backing>/.ckptfs/``::
+
+    snapshot        one frame: {"format", "epoch", "files": {path: record}, "aborts": [...]}
+    journal.<E>     frames appended since snapshot epoch E
+    staging/        shadow copies being written
+
+A frame is ``<u32 length><u32 crc32(payload)><payload JSON>``.  Reading stops at
+the first short or mismatching frame: a torn tail (power loss mid-append) is
+indistinguishable from "never written" and is discarded.
+
+Invariant (single in-flight op): every mutating operation appends its intent
+durably, performs the operation and makes it durable *before* the next intent
+is appended.  Hence after a crash only the last intent of the journal can be
+incomplete, and recovery finishes or drops just that one.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import struct
+import threading
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import META_DIR, crashpoints
+from .backing import BackingStore
+from .records import FileRecord
+
+SNAPSHOT = f"{META_DIR}/snapshot"
+STAGING = f"{META_DIR}/staging"
+FORMAT = 1
+_HDR = struct.Struct("<II")
+MAX_FRAME = 1 << 30
+
+
+class CorruptMetadata(Exception):
+    """The snapshot is unreadable; refusing to guess what was committed."""
+
+
+def encode_frame(obj: Any) -> bytes:
+    payload = json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
+    return _HDR.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+def decode_frames(data: bytes) -> tuple[list[dict], int]:
+    """Decode frames; return (entries, length of the valid prefix)."""
+    out: list[dict] = []
+    pos = 0
+    while pos + _HDR.size <= len(data):
+        length, crc = _HDR.unpack_from(data, pos)
+        end = pos + _HDR.size + length
+        if length > MAX_FRAME or end > len(data):
+            break
+        payload = data[pos + _HDR.size : end]
+        if zlib.crc32(payload) != crc:
+            break
+        try:
+            out.append(json.loads(payload))
+        except ValueError:
+            break
+        pos = end
+    return out, pos
+
+
+def read_whole(store: BackingStore, path: str) -> bytes:
+    fd = store.open(path, os.O_RDONLY)
+    try:
+        size = store.fstat(fd).st_size
+        chunks = []
+        off = 0
+        while off < size:
+            b = store.pread(fd, min(1 << 24, size - off), off)
+            if not b:
+                break
+            chunks.append(b)
+            off += len(b)
+        return b"".join(chunks)
+    finally:
+        store.close(fd)
+
+
+@dataclass
+class JournalState:
+    epoch: int = 0
+    files: dict[str, FileRecord] = field(default_factory=dict)
+    aborts: list[dict] = field(default_factory=list)
+    entries: list[dict] = field(default_factory=list)  # journal tail after the snapshot
+
+
+class Journal:
+    """Append-only intent log over a BackingStore.  Appends are atomic with
+    respect to each other; ordering of intents vs. operations is the caller's
+    job (the filesystem's commit lock)."""
+
+    def __init__(self, store: BackingStore) -> None:
+        self.store = store
+        self.epoch = 0
+        self.fd: int | None = None
+        self.size = 0
+        self.entries_since_snapshot = 0
+        self._lock = threading.Lock()
+        self.broken: str | None = None
+
+    @staticmethod
+    def journal_path(epoch: int) -> str:
+        return f"{META_DIR}/journal.{epoch}"
+
+    def ensure_layout(self) -> None:
+        for d in (META_DIR, STAGING):
+            if not self.store.exists(d):
+                self.store.mkdir(d, 0o700)
+                self.store.fsync_dir(os.path.dirname(d))
+
+    def load(self) -> JournalState:
+        st = JournalState()
+        if self.store.exists(SNAPSHOT):
+            frames, _ = decode_frames(read_whole(self.store, SNAPSHOT))
+            if len(frames) != 1 or frames[0].get("format") != FORMAT:
+                raise CorruptMetadata(f"{SNAPSHOT} is corrupt or of an unknown format")
+            snap = frames[0]
+            try:
+                st.epoch = int(snap["epoch"])
+                st.files = {p: FileRecord.from_json(r) for p, r in snap["files"].items()}
+                st.aborts = list(snap.get("aborts", []))
+            except (KeyError, ValueError, TypeError) as e:
+                raise CorruptMetadata(f"{SNAPSHOT}: {e}") from e
+        jp = self.journal_path(st.epoch)
+        if self.store.exists(jp):
+            st.entries, _ = decode_frames(read_whole(self.store, jp))
+        self.epoch = st.epoch
+        return st
+
+    def _open(self) -> int:
+        if self.fd is None:
+            path = self.journal_path(self.epoch)
+            created = not self.store.exists(path)
+            self.fd = self.store.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            self.size = self.store.fstat(self.fd).st_size
+            if created:
+                # the journal's own directory entry must be durable before any
+                # intent in it is relied upon
+                self.store.fsync(self.fd)
+                self.store.fsync_dir(META_DIR)
+        return self.fd
+
+    def append(self, entry: dict, sync: bool = True) -> int:
+        """Append one entry; return the journal size before it (for retract).
+
+        A failed write is cut off again.  A failed fdatasync leaves the
+        journal's durable content unknown (fsyncgate): the journal is marked
+        broken and every later append fails with EIO.
+        """
+        frame = encode_frame(entry)
+        with self._lock:
+            if self.broken:
+                raise OSError(errno.EIO, f"ckptfs journal unusable after earlier error: {self.broken}")
+            fd = self._open()
+            before = self.size
+            try:
+                self.store.pwrite(fd, frame, before)
+            except OSError:
+                self._cut(before)
+                raise
+            self.size += len(frame)
+            self.entries_since_snapshot += 1
+            if sync:
+                try:
+                    self.store.fdatasync(fd)
+                except OSError as e:
+                    self.broken = f"fdatasync failed: {e}"
+                    raise
+            return before
+
+    def _cut(self, size: int) -> None:
+        try:
+            self.store.ftruncate(self.fd, size)  # type: ignore[arg-type]
+            self.size = size
+        except OSError as e:
+            self.broken = f"could not cut journal back: {e}"
+
+    def retract(self, before: int) -> None:
+        """Durably remove the entries appended since ``before`` (a failed op)."""
+        with self._lock:
+            self._cut(before)
+            if not self.broken:
+                try:
+                    self.store.fdatasync(self.fd)  # type: ignore[arg-type]
+                except OSError as e:
+                    self.broken = f"fdatasync failed: {e}"
+
+    def close(self) -> None:
+        if self.fd is not None:
+            self.store.close(self.fd)
+            self.fd = None
+
+    def compact(self, files: dict[str, FileRecord], aborts: list[dict]) -> None:
+        """Write a snapshot of ``files`` as epoch+1 and retire the old journal.
+
+        Caller guarantees no operation is in flight.  Crash-safe at every step:
+        until the new snapshot's rename is durable the old snapshot + journal
+        stay authoritative; afterwards the old journal is ignored.
+        """
+        new_epoch = self.epoch + 1
+        snap = {
+            "format": FORMAT,
+            "epoch": new_epoch,
+            "files": {p: r.to_json() for p, r in files.items()},
+            "aborts": aborts[-100:],
+        }
+        tmp = SNAPSHOT + ".tmp"
+        fd = self.store.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            self.store.pwrite(fd, encode_frame(snap), 0)
+            self.store.fsync(fd)
+        finally:
+            self.store.close(fd)
+        self.store.rename(tmp, SNAPSHOT)
+        self.store.fsync_dir(META_DIR)
+        crashpoints.hit("compact_snapshot")
+        old = self.journal_path(self.epoch)
+        self.close()
+        self.epoch = new_epoch
+        self.entries_since_snapshot = 0
+        self.size = 0
+        for name in self.store.listdir(META_DIR):
+            if name.startswith("journal.") and name != f"journal.{new_epoch}":
+                self.store.unlink(f"{META_DIR}/{name}")
+        del old

@@ -1,0 +1,37 @@
+"""Is the process closing a file dying of a signal?
+
+When a writer is killed, the kernel closes its files during exit and FUSE
+still delivers FLUSH.  At that moment ``/proc/<pid>/stat`` has PF_EXITING set
+in ``flags`` (field 9) and ``exit_code`` (field 52) holds the terminating signal
+(a normal exit shows ``status << 8``, i.e. low 7 bits zero).
+"""
+
+from __future__ import annotations
+
+PF_EXITING = 0x00000004
+
+
+def parse_stat(text: str) -> tuple[int, int | None]:
+    """(flags, exit_code) from the text of /proc/<pid>/stat."""
+    rest = text[text.rindex(")") + 2 :].split()
+    flags = int(rest[6])  # field 9
+    exit_code = int(rest[49]) if len(rest) > 49 else None  # field 52 (Linux >= 3.5)
+    return flags, exit_code
+
+
+def killing_signal(pid: int) -> int | None:
+    """Signal number if ``pid`` is exiting because of a signal, else None.
+
+    Unknown (no /proc, process already gone) counts as a live close; the
+    format checks are the second line of defence.
+    """
+    if pid <= 0:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            flags, exit_code = parse_stat(f.read())
+    except (OSError, ValueError, IndexError):
+        return None
+    if flags & PF_EXITING and exit_code is not None and exit_code & 0x7F:
+        return exit_code & 0x7F
+    return None

@@ -1,0 +1,56 @@
+"""Per-file commit records: what a committed version of a path is.
+
+A :class:`FileRecord` is immutable and describes exactly one committed version
+of one path: its size, whole-file blake3, per-chunk blake3 digests
+(``CHUNK_SIZE`` bytes each, last one short), generation (1 for the first
+version of a path, +1 per commit) and commit time.  ``ino`` is the inode of the
+staged file; rename preserves it, so recovery can tell whether an install
+happened without re-hashing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+CHUNK_SIZE = 1 << 20  # 1 MiB: granularity of chunk digests and verify-on-read
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    size: int
+    blake3: str
+    chunks: str  # concatenated hex digests, 64 chars per chunk
+    generation: int
+    committed_at: float
+    ino: int = 0
+    chunk_size: int = CHUNK_SIZE
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> FileRecord:
+        rec = cls(
+            size=int(d["size"]),
+            blake3=str(d["blake3"]),
+            chunks=str(d["chunks"]),
+            generation=int(d["generation"]),
+            committed_at=float(d["committed_at"]),
+            ino=int(d.get("ino", 0)),
+            chunk_size=int(d.get("chunk_size", CHUNK_SIZE)),
+        )
+        rec.validate()
+        return rec
+
+    def validate(self) -> None:
+        """Raise ValueError if the record is internally inconsistent."""
+        n_chunks = (self.size + self.chunk_size - 1) // self.chunk_size
+        if self.size < 0 or len(self.blake3) != 64 or len(self.chunks) != 64 * n_chunks:
+            raise ValueError("inconsistent file record")
+
+    def chunk_digest(self, i: int) -> str:
+        return self.chunks[64 * i : 64 * (i + 1)]
+
+    def committed_iso(self) -> str:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.committed_at))

@@ -1,0 +1,49 @@
+"""Staged versions and open-file handles (in-memory state of the write path).
+
+A :class:`Version` is one shadow copy in ``.ckptfs/staging``: the bytes a path
+will hold once committed.  Life cycle::
+
+    open --(flush/fsync: checks pass)--> committing/queued --> installed
+      \\--(release while still dirty and doomed, or unlinked)--> discarded
+
+Invariant: a version's staging file is written only while ``state == "open"``;
+once it leaves ``open`` its bytes are frozen (a later write through the same
+handle first clones it into a new version: copy-on-write).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from .hashing import IncrementalDigest
+from .records import FileRecord
+
+
+@dataclass(eq=False)
+class Version:
+    path: str
+    staging: str
+    fd: int
+    digest: IncrementalDigest = field(default_factory=IncrementalDigest)
+    size: int = 0
+    dirty: bool = True
+    state: str = "open"  # open | queued | committing | installed | discarded
+    refs: int = 0  # handles referencing this version
+    writers: int = 0  # write handles referencing this version
+    doomed: str | None = None  # reason it must never commit (writer killed...)
+    unlinked: bool = False
+    error: OSError | None = None  # async commit failure
+    done: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    record: FileRecord | None = None
+
+
+@dataclass(eq=False)
+class Handle:
+    path: str
+    writable: bool
+    fd: int | None = None  # backing fd of the committed file (reads before first write)
+    version: Version | None = None
+    append: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
