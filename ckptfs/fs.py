@@ -483,10 +483,22 @@ class CkptFS:
         sig = procinfo.killing_signal(caller.pid)
         if sig:
             v.doomed = f"writer pid {caller.pid} killed by signal {sig}"
+            self._unpublish(v)
             return
         if v.unlinked:
             return
-        self._commit(v, caller, wait=False)
+        try:
+            self._commit(v, caller, wait=False)
+        except OSError:
+            # refused (incomplete) or failed: the path shows its committed
+            # version again at once, not only after the asynchronous release
+            self._unpublish(v)
+            raise
+
+    def _unpublish(self, v: Version) -> None:
+        with self.lock:
+            if self.pending.get(v.path) is v:
+                del self.pending[v.path]
 
     def fsync(self, fh: int, caller: Caller = NOBODY) -> None:
         h = self._handle(fh)
