@@ -6,7 +6,8 @@ returns ``None`` when the staged bytes look complete, or a reason string.
 
 Rules (by content signature first, then by file name):
 
-* torch zip archive (``PK\\x03\\x04`` with a ``*/data.pkl`` member): the central
+* torch zip archive (``PK\\x03\\x04`` with a ``*/data.pkl`` member, or with
+  torch's bookkeeping members but no ``data.pkl``, which is incomplete): the central
   directory parses, every storage named by a persistent id in ``data.pkl`` has
   its ``data/<key>`` record, each at least ``numel * element_size`` bytes, and
   every member lies inside the file.  The pickle is scanned with an unpickler
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 
 CKPT_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".safetensors", ".npy", ".npz", ".json")
 JSON_LIMIT = 256 << 20
+TORCH_MARKERS = {".format_version", ".storage_alignment", "byteorder", "version", ".data/serialization_id"}
 
 STORAGE_ELEMENT_SIZE = {
     "DoubleStorage": 8, "FloatStorage": 4, "HalfStorage": 2, "BFloat16Storage": 2,
@@ -141,7 +143,7 @@ def _check_torch_zip(zf: zipfile.ZipFile, pkl: str, size: int) -> str | None:
     return None
 
 
-def _check_zip(reader: FdReader, size: int) -> str | None:
+def _check_zip(reader: FdReader, size: int, name: str) -> str | None:
     try:
         zf = zipfile.ZipFile(reader)
     except (zipfile.BadZipFile, OSError, ValueError) as e:
@@ -150,9 +152,16 @@ def _check_zip(reader: FdReader, size: int) -> str | None:
         for info in zf.infolist():
             if info.header_offset + 30 + len(info.filename) + info.compress_size > size:
                 return f"zip member {info.filename} extends past end of file"
-        pkls = [n for n in zf.namelist() if n.endswith("data.pkl") and n.count("/") <= 1]
+        names = zf.namelist()
+        pkls = [n for n in names if n.endswith("data.pkl") and n.count("/") <= 1]
         if pkls:
             return _check_torch_zip(zf, pkls[0], size)
+        if any(n.split("/", 1)[-1] in TORCH_MARKERS for n in names):
+            # torch writes its end-of-archive records even when interrupted
+            # while pickling, so a torch archive may be a valid zip without data.pkl
+            return "torch archive without data.pkl (save interrupted while pickling)"
+        if not names and name.lower().endswith(CKPT_SUFFIXES):
+            return "empty zip archive"
     return None
 
 
@@ -201,7 +210,7 @@ def check(store: BackingStore, fd: int, size: int, name: str) -> str | None:
     reader = FdReader(store, fd, size)
     magic = store.pread(fd, 8, 0)
     if magic.startswith(b"PK\x03\x04") or (magic.startswith(b"PK\x05\x06")):
-        return _check_zip(reader, size)
+        return _check_zip(reader, size, name)
     if magic.startswith(b"\x93NUMPY"):
         return _check_npy(reader, size)
     if lname.endswith(".safetensors"):

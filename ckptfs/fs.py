@@ -44,7 +44,7 @@ log = logging.getLogger("ckptfs")
 
 ENODATA = getattr(errno, "ENODATA", getattr(errno, "ENOATTR", 61))
 XATTR_PREFIX = "user.ckptfs."
-COMPACT_EVERY = 4096
+COMPACT_EVERY = int(os.environ.get("CKPTFS_COMPACT_EVERY", "4096"))
 
 
 @dataclass(frozen=True)

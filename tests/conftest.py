@@ -76,17 +76,18 @@ class Mount:
         """SIGKILL the daemon (a crash) and detach the dead mount."""
         if self.proc and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
-        self.wait_dead()
+        if self.proc:
+            self.proc.wait()
         fusermount(self.path, lazy=True)
 
     def wait_dead(self, timeout: float = 30.0) -> int | None:
+        """Exit status once the daemon has exited; None if still alive after timeout."""
         if self.proc is None:
             return None
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            return self.proc.wait()
+            return None
 
     def stop(self) -> None:
         """Clean unmount; fall back to lazy unmount and SIGKILL by PID."""

@@ -1,0 +1,50 @@
+"""Ordered checkpoint workload: shards, a pointer, rotation; acks what returned.
+
+Step i (i = 0, 1, ...):
+  1. torch.save(shard(i), DIR/shards/s_i.pt)
+  2. write DIR/latest.tmp = "i", rename it over DIR/latest
+  3. unlink DIR/shards/s_{i-2}.pt            (rotation, i >= 2)
+  4. fsync(DIR)  (async mode: waits until everything above is durable)
+  5. append "i" to ACKFILE (outside the mount) and fsync it
+
+Usage: sequence.py DIR ACKFILE STEPS
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+
+def shard(i: int) -> dict:
+    return {"i": i, "t": torch.full((4096 + 7 * i,), float(i)), "idx": torch.arange(i + 1)}
+
+
+def check_shard(path: str, i: int) -> None:
+    sd = torch.load(path, weights_only=True)
+    ref = shard(i)
+    assert sd["i"] == i and torch.equal(sd["t"], ref["t"]) and torch.equal(sd["idx"], ref["idx"]), path
+
+
+def main() -> None:
+    d, ackfile, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    os.makedirs(os.path.join(d, "shards"), exist_ok=True)
+    ack = os.open(ackfile, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    for i in range(steps):
+        torch.save(shard(i), os.path.join(d, "shards", f"s_{i}.pt"))
+        with open(os.path.join(d, "latest.tmp"), "w") as f:
+            f.write(str(i))
+        os.replace(os.path.join(d, "latest.tmp"), os.path.join(d, "latest"))
+        if i >= 2:
+            os.unlink(os.path.join(d, "shards", f"s_{i - 2}.pt"))
+        dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        os.fsync(dfd)
+        os.close(dfd)
+        os.write(ack, f"{i}\n".encode())
+        os.fsync(ack)
+
+
+if __name__ == "__main__":
+    main()
