@@ -91,7 +91,9 @@ class CkptFS:
         self.records: dict[str, FileRecord] = self.recovery.files
         self.aborts: collections.deque[dict] = collections.deque(self.recovery.aborts, maxlen=100)
         self.last_abort: dict[str, str] = {}
-        self.pending: dict[str, Version] = {}
+        self.pending: dict[str, Version] = {}  # path -> version open for writing
+        self.queued: dict[str, Version] = {}
+        self.async_failures: list[tuple[str, OSError]] = []  # reported by the next fsyncdir  # path -> newest sealed version awaiting install (async)
         self.handles: dict[int, Handle] = {}
         self._next_fh = 1
         self.stats: collections.Counter[str] = collections.Counter()
@@ -109,11 +111,15 @@ class CkptFS:
             raise _err(errno.ENOENT)
 
     def _lexists(self, path: str) -> bool:
-        return path in self.pending or self.store.exists(path)
+        return self._visible(path) is not None or self.store.exists(path)
+
+    def _visible(self, path: str) -> Version | None:
+        """The staged version readers of ``path`` see (read-your-writes), if any."""
+        return self.pending.get(path) or self.queued.get(path)
 
     def _children_pending(self, path: str) -> bool:
         pre = path + "/" if path else ""
-        return any(p.startswith(pre) for p in self.pending)
+        return any(p.startswith(pre) for p in (*self.pending, *self.queued))
 
     def _new_fh(self, h: Handle) -> int:
         with self.lock:
@@ -158,7 +164,7 @@ class CkptFS:
             if h.version is not None:
                 return self._st(self.store.fstat(h.version.fd))
         self._check_visible(path)
-        v = self.pending.get(path)
+        v = self._visible(path)
         if v is not None:
             try:
                 return self._st(self.store.fstat(v.fd))
@@ -174,7 +180,7 @@ class CkptFS:
             names.discard(META_DIR)
         pre = path + "/" if path else ""
         with self.lock:
-            for p in self.pending:
+            for p in (*self.pending, *self.queued):
                 if p.startswith(pre) and "/" not in p[len(pre) :]:
                     names.add(p[len(pre) :])
         return [".", "..", *sorted(names)]
@@ -253,7 +259,7 @@ class CkptFS:
         acc = flags & os.O_ACCMODE
         writable = acc in (os.O_WRONLY, os.O_RDWR)
         with self.lock:
-            v = self.pending.get(path)
+            v = self._visible(path)
             if writable and flags & os.O_TRUNC:
                 mode = self.getattr(path)["st_mode"]
                 nv = self._new_version(path, mode, caller)
@@ -321,7 +327,11 @@ class CkptFS:
             with v.lock:
                 if v.state != "open":
                     continue  # frozen by a concurrent commit: clone and retry
-                n = self.store.pwrite(v.fd, data, offset)
+                try:
+                    n = self.store.pwrite(v.fd, data, offset)
+                except OSError as e:
+                    self._poison(v, f"write failed: {e}")
+                    raise
                 v.digest.update(data, offset)
                 v.size = max(v.size, offset + n)
                 v.dirty = True
@@ -356,7 +366,11 @@ class CkptFS:
             with v.lock:
                 if v.state != "open":
                     continue
-                self.store.ftruncate(v.fd, length)
+                try:
+                    self.store.ftruncate(v.fd, length)
+                except OSError as e:
+                    self._poison(v, f"truncate failed: {e}")
+                    raise
                 v.digest.truncated(length)
                 v.size = length
                 v.dirty = True
@@ -393,7 +407,14 @@ class CkptFS:
             generation=(prev.generation + 1) if prev else 1,
             committed_at=time.time(), ino=self.store.fstat(v.fd).st_ino,
         )
-        v.state = "queued" if self.committer else "committing"
+        if self.committer:
+            v.state = "queued"
+            with self.lock:
+                if self.pending.get(v.path) is v:
+                    del self.pending[v.path]
+                self.queued[v.path] = v
+        else:
+            v.state = "committing"
 
     def _install(self, v: Version) -> None:
         """Make v durable and install it at v.path.  Caller holds commit_lock."""
@@ -433,8 +454,7 @@ class CkptFS:
             v.record = rec
             v.state = "installed"
             v.dirty = False
-            if self.pending.get(v.path) is v:
-                del self.pending[v.path]
+            self._unlist(v)
             self.last_abort.pop(v.path, None)
             self.stats["commits"] += 1
             self.stats["bytes_committed"] += rec.size
@@ -471,6 +491,9 @@ class CkptFS:
         log.error("commit of %s failed: %s", v.path, e)
         v.error = e
         self._abort(v, f"I/O error during commit: {e}")
+        if self.committer:
+            with self.lock:
+                self.async_failures.append((v.path, e))
         with self.lock:
             if v.state != "installed":
                 self._discard(v, None)
@@ -480,6 +503,8 @@ class CkptFS:
         v = h.version
         if not h.writable or v is None or v.state != "open" or not v.dirty:
             return
+        if v.doomed:
+            raise _err(errno.EIO, f"ckptfs: {v.path} not committed: {v.doomed}")
         sig = procinfo.killing_signal(caller.pid)
         if sig:
             v.doomed = f"writer pid {caller.pid} killed by signal {sig}"
@@ -495,10 +520,20 @@ class CkptFS:
             self._unpublish(v)
             raise
 
+    def _poison(self, v: Version, reason: str) -> None:
+        """A write to v failed: its content is unknown, so it must never commit."""
+        if v.doomed is None:
+            v.doomed = reason
+        self._unpublish(v)
+
     def _unpublish(self, v: Version) -> None:
         with self.lock:
-            if self.pending.get(v.path) is v:
-                del self.pending[v.path]
+            self._unlist(v)
+
+    def _unlist(self, v: Version) -> None:
+        for table in (self.pending, self.queued):
+            if table.get(v.path) is v:
+                del table[v.path]
 
     def fsync(self, fh: int, caller: Caller = NOBODY) -> None:
         h = self._handle(fh)
@@ -512,9 +547,19 @@ class CkptFS:
         if v.error is not None:
             raise _err(v.error.errno or errno.EIO, str(v.error))
 
-    def fsyncdir(self) -> None:
+    def fsyncdir(self, path: str = "") -> None:
+        """Wait for queued commits; report (once) async commit failures under path."""
         if self.committer:
             self.committer.drain()
+        path = self.norm(path)
+        pre = path + "/" if path else ""
+        with self.lock:
+            failed = [f for f in self.async_failures if f[0].startswith(pre)]
+            for f in failed:
+                self.async_failures.remove(f)
+        if failed:
+            p, e = failed[0]
+            raise _err(e.errno or errno.EIO, f"ckptfs: async commit of {p} failed: {e}")
 
     def release(self, fh: int, caller: Caller = NOBODY) -> None:
         with self.lock:
@@ -554,8 +599,7 @@ class CkptFS:
         """Drop a version that will never be installed.  Caller holds lock."""
         if reason:
             self._abort(v, reason)
-        if self.pending.get(v.path) is v:
-            del self.pending[v.path]
+        self._unlist(v)
         if v.state not in ("installed", "discarded"):
             v.state = "discarded"
             v.done.set()
@@ -647,7 +691,7 @@ class CkptFS:
         self._barrier()
         with self.commit_lock:
             with self.lock:
-                v = self.pending.pop(path, None)
+                v = self.pending.pop(path, None) or self.queued.pop(path, None)
                 if v is not None:
                     v.unlinked = True
             if self.store.exists(path):
@@ -693,18 +737,19 @@ class CkptFS:
                 displaced = self.pending.get(new)
                 if displaced is not None and displaced.state == "open":
                     displaced.unlinked = True
-                moved = [p for p in self.pending if p == old or p.startswith(old + "/")]
-                for p in moved:
-                    v = self.pending.pop(p)
-                    v.path = new + p[len(old):]
-                    self.pending[v.path] = v
+                for table in (self.pending, self.queued):
+                    moved = [p for p in table if p == old or p.startswith(old + "/")]
+                    for p in moved:
+                        v = table.pop(p)
+                        v.path = new + p[len(old):]
+                        table[v.path] = v
                 for h in self.handles.values():
                     if h.path == old or h.path.startswith(old + "/"):
                         h.path = new + h.path[len(old):]
 
     # ------------------------------------------------------------ attributes
     def _attr_target(self, path: str) -> str:
-        v = self.pending.get(path)
+        v = self._visible(path)
         return v.staging if v is not None else path
 
     def chmod(self, path: str, mode: int) -> None:
@@ -739,7 +784,7 @@ class CkptFS:
                 "user.ckptfs.aborts": json.dumps(list(self.aborts)[-10:]),
             }
         out: dict[str, str] = {}
-        v = self.pending.get(path)
+        v = self._visible(path)
         rec = self.records.get(path)
         if v is not None:
             out["user.ckptfs.status"] = "staging"

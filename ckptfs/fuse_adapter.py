@@ -102,7 +102,7 @@ def make_operations(mfusepy: Any, fs: CkptFS) -> Any:
             return 0
 
         def fsyncdir(self, path: str | None, datasync: int, fh: int) -> int:
-            fs.fsyncdir()
+            fs.fsyncdir(path or "")
             return 0
 
         def release(self, path: str | None, fh: int) -> int:

@@ -151,9 +151,9 @@ class Journal:
     def append(self, entry: dict, sync: bool = True) -> int:
         """Append one entry; return the journal size before it (for retract).
 
-        A failed write is cut off again.  A failed fdatasync leaves the
-        journal's durable content unknown (fsyncgate): the journal is marked
-        broken and every later append fails with EIO.
+        A failed write or fdatasync is cut off again and the error raised; if
+        even the cut fails the journal is marked broken and every later append
+        fails with EIO (reads keep working).
         """
         frame = encode_frame(entry)
         with self._lock:
@@ -171,8 +171,11 @@ class Journal:
             if sync:
                 try:
                     self.store.fdatasync(fd)
-                except OSError as e:
-                    self.broken = f"fdatasync failed: {e}"
+                except OSError:
+                    # Never retry and report success (fsyncgate).  The op is
+                    # not performed; the frame is cut off and the next append
+                    # overwrites its bytes, so it cannot be replayed as done.
+                    self._cut(before)
                     raise
             return before
 
