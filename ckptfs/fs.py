@@ -92,8 +92,8 @@ class CkptFS:
         self.aborts: collections.deque[dict] = collections.deque(self.recovery.aborts, maxlen=100)
         self.last_abort: dict[str, str] = {}
         self.pending: dict[str, Version] = {}  # path -> version open for writing
-        self.queued: dict[str, Version] = {}
-        self.async_failures: list[tuple[str, OSError]] = []  # reported by the next fsyncdir  # path -> newest sealed version awaiting install (async)
+        self.queued: dict[str, Version] = {}  # path -> newest sealed version awaiting install (async)
+        self.async_failures: list[tuple[str, OSError]] = []  # reported by the next fsyncdir
         self.handles: dict[int, Handle] = {}
         self._next_fh = 1
         self.stats: collections.Counter[str] = collections.Counter()
