@@ -26,7 +26,7 @@ class FuseUnavailable(Exception):
 def load_mfusepy() -> Any:
     """Import mfusepy bound to libfuse3 (never libfuse2: it caps writes at 128 KiB)."""
     if sys.platform.startswith("linux") and not os.environ.get("FUSE_LIBRARY_PATH"):
-        lib = ctypes.util.find_library("fuse3")
+        lib = ctypes.util.find_library(os.environ.get("CKPTFS_LIBFUSE3_NAME", "fuse3"))
         if not lib:
             raise FuseUnavailable(
                 "libfuse3 not found: install it (Debian/Ubuntu: apt-get install fuse3 libfuse3-3; "

@@ -1,0 +1,65 @@
+"""--commit=async: close() returns once staged; fsync() returns only once durable."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+from conftest import Mount
+
+from ckptfs import META_DIR
+from ckptfs.backing import OsBackingStore
+from ckptfs.journal import Journal
+
+
+def journal_installs(backing) -> set[str]:
+    st = Journal(OsBackingStore(str(backing))).load()
+    return set(st.files) | {e["path"] for e in st.entries if e.get("op") == "install"}
+
+
+def test_fsync_returns_only_after_durable_install(tmp_path) -> None:
+    src, mp = tmp_path / "src", tmp_path / "mp"
+    src.mkdir()
+    mp.mkdir()
+    with Mount(mp, backing=src, commit="async") as m:
+        data = os.urandom(3 << 20)
+        with open(m.path / "f.bin", "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+            # durable = installed at its backing path and its intent in the journal
+            assert (src / "f.bin").read_bytes() == data
+            assert "f.bin" in journal_installs(src)
+        for i in range(5):
+            torch.save({"i": torch.tensor(i)}, m.path / f"s{i}.pt")
+        dfd = os.open(m.path, os.O_RDONLY | os.O_DIRECTORY)
+        os.fsync(dfd)
+        os.close(dfd)
+        for i in range(5):
+            assert torch.load(src / f"s{i}.pt")["i"].item() == i
+        stats = json.loads(os.getxattr(str(m.path), "user.ckptfs.stats"))
+        assert stats["commits"] == 6
+    assert os.listdir(src / META_DIR / "staging") == []
+
+
+def test_async_read_your_writes_and_rename_after_close(mnt_async: Mount) -> None:
+    d = mnt_async.path
+    for step in range(3):
+        tmp = d / "ckpt.tmp"
+        torch.save({"step": step, "w": torch.randn(1000)}, tmp)
+        assert torch.load(tmp)["step"] == step  # visible at once, possibly still queued
+        os.replace(tmp, d / "ckpt.pt")  # ordered after the commit of ckpt.tmp
+        assert torch.load(d / "ckpt.pt")["step"] == step
+    assert sorted(os.listdir(d)) == ["ckpt.pt"]
+    assert os.getxattr(str(d / "ckpt.pt"), "user.ckptfs.status") == b"committed"
+
+
+def test_umount_finishes_queued_commits(tmp_path) -> None:
+    d = tmp_path / "ck"
+    d.mkdir()
+    with Mount(d, commit="async") as m:
+        for i in range(20):
+            (m.path / f"f{i}.json").write_text(json.dumps({"i": i, "pad": "x" * 100000}))
+    for i in range(20):
+        assert json.loads((d / f"f{i}.json").read_text())["i"] == i

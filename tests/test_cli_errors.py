@@ -1,0 +1,87 @@
+"""Bad input to `ckptfs mount/umount` gets one clear line and a non-zero exit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from conftest import Mount, _env
+
+from ckptfs.cli import pid_alive
+
+
+def ckptfs(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ckptfs", *args], capture_output=True, text=True,
+                          env=_env(env), timeout=60)
+
+
+def one_error_line(r: subprocess.CompletedProcess) -> str:
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ckptfs: error: "), r.stderr
+    return lines[0]
+
+
+def test_missing_mountpoint(tmp_path) -> None:
+    assert "no such directory" in one_error_line(ckptfs("mount", str(tmp_path / "nope")))
+
+
+def test_mountpoint_is_a_file(tmp_path) -> None:
+    f = tmp_path / "f"
+    f.write_text("x")
+    assert "not a directory" in one_error_line(ckptfs("mount", str(f)))
+
+
+def test_already_mounted(mnt: Mount) -> None:
+    msg = one_error_line(ckptfs("mount", str(mnt.path)))
+    assert "already a ckptfs mount" in msg
+    assert os.listdir(mnt.path) == []  # the running mount is untouched and still serves
+    (mnt.path / "x").write_text("still serving")
+    assert (mnt.path / "x").read_text() == "still serving"
+
+
+def test_no_dev_fuse(tmp_path) -> None:
+    msg = one_error_line(ckptfs("mount", str(tmp_path), env={"CKPTFS_DEV_FUSE": str(tmp_path / "nofuse")}))
+    assert "fuse" in msg and "missing" in msg
+
+
+def test_no_libfuse3(tmp_path) -> None:
+    msg = one_error_line(ckptfs("mount", str(tmp_path), env={"CKPTFS_LIBFUSE3_NAME": "fuse3-not-installed"}))
+    assert "libfuse3 not found" in msg and "apt-get install fuse3 libfuse3-3" in msg
+
+
+def test_umount_not_mounted(tmp_path) -> None:
+    assert "not a ckptfs mount" in one_error_line(ckptfs("umount", str(tmp_path)))
+
+
+def test_background_mount_and_umount(tmp_path) -> None:
+    d = tmp_path / "bg"
+    d.mkdir()
+    r = ckptfs("mount", str(d))
+    assert r.returncode == 0, r.stderr
+    try:
+        pid = int(os.getxattr(str(d), "user.ckptfs.pid"))
+        (d / "a.json").write_text('{"ok": true}')
+        assert os.getxattr(str(d / "a.json"), "user.ckptfs.status") == b"committed"
+    finally:
+        r = ckptfs("umount", str(d))
+    assert r.returncode == 0, r.stderr
+    assert not pid_alive(pid)  # umount waited for the daemon to exit (a zombie counts as exited)
+    assert (d / "a.json").read_text() == '{"ok": true}'
+
+
+def test_stale_mount_is_replaced(tmp_path) -> None:
+    d = tmp_path / "stale"
+    d.mkdir()
+    m = Mount(d).start()
+    (d / "keep.txt").write_text("kept")
+    os.kill(m.pid, 9)
+    m.proc.wait()
+    r = ckptfs("mount", str(d))  # detects the dead mount, detaches it, mounts again
+    try:
+        assert r.returncode == 0, r.stderr
+        assert (d / "keep.txt").read_text() == "kept"
+    finally:
+        ckptfs("umount", str(d))
+        m.stop()

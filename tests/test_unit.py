@@ -1,0 +1,175 @@
+"""Logic tests without a mount: formats, /proc parsing, journal framing, recovery."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import struct
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+
+from ckptfs import formats, procinfo
+from ckptfs.backing import OsBackingStore
+from ckptfs.fs import CkptFS
+from ckptfs.journal import Journal, decode_frames, encode_frame
+from ckptfs.recovery import recover
+
+
+def check_bytes(tmp_path, name: str, data: bytes) -> str | None:
+    p = tmp_path / name
+    p.write_bytes(data)
+    store = OsBackingStore(str(tmp_path))
+    fd = store.open(name, os.O_RDONLY)
+    try:
+        return formats.check(store, fd, len(data), name)
+    finally:
+        store.close(fd)
+
+
+def torch_bytes(obj) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def test_torch_archive_every_truncation_refused(tmp_path) -> None:
+    data = torch_bytes({"a": torch.randn(3000), "b": torch.arange(100), "c": "meta"})
+    assert check_bytes(tmp_path, "m.pt", data) is None
+    for cut in range(0, len(data), 997):
+        assert check_bytes(tmp_path, "m.pt", data[:cut]) is not None, cut
+
+
+def test_torch_valid_zip_missing_or_short_records_refused(tmp_path) -> None:
+    data = torch_bytes({"a": torch.randn(300), "b": torch.arange(100)})
+    zin = zipfile.ZipFile(io.BytesIO(data))
+    storages = [i for i in zin.infolist() if "/data/" in i.filename]
+    assert len(storages) == 2
+
+    def rebuild(skip=None, shorten=None, drop_pkl=False) -> bytes:
+        out = io.BytesIO()
+        with zipfile.ZipFile(out, "w") as z:
+            for i in zin.infolist():
+                if i.filename == skip or (drop_pkl and i.filename.endswith("data.pkl")):
+                    continue
+                body = zin.read(i)
+                z.writestr(i.filename, body[:-4] if i.filename == shorten else body)
+        return out.getvalue()
+
+    assert "missing" in check_bytes(tmp_path, "x.pt", rebuild(skip=storages[1].filename))
+    assert "holds" in check_bytes(tmp_path, "x.pt", rebuild(shorten=storages[0].filename))
+    assert "data.pkl" in check_bytes(tmp_path, "x.pt", rebuild(drop_pkl=True))
+    assert check_bytes(tmp_path, "x.pt", rebuild()) is None
+
+
+def test_pickle_scan_runs_no_code(tmp_path) -> None:
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("touch " + str(tmp_path / "pwned"),))
+
+    data = torch_bytes({"t": torch.ones(3), "evil": Evil()})
+    check_bytes(tmp_path, "e.pt", data)
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_npy_safetensors_json(tmp_path) -> None:
+    buf = io.BytesIO()
+    np.save(buf, np.arange(1000, dtype=np.float32))
+    npy = buf.getvalue()
+    assert check_bytes(tmp_path, "a.npy", npy) is None
+    assert check_bytes(tmp_path, "a.npy", npy[:-1]) is not None
+    header = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
+    st = struct.pack("<Q", len(header)) + header + b"\0" * 16
+    assert check_bytes(tmp_path, "m.safetensors", st) is None
+    assert check_bytes(tmp_path, "m.safetensors", st[:-3]) is not None
+    assert check_bytes(tmp_path, "s.json", b'{"a": [1, 2]}') is None
+    assert check_bytes(tmp_path, "s.json", b'{"a": [1, ') is not None
+    assert check_bytes(tmp_path, "model.pt", b"") is not None
+    assert check_bytes(tmp_path, "notes.txt", b"") is None
+    assert check_bytes(tmp_path, "blob.dat", b"anything at all") is None
+
+
+def test_proc_stat_parsing() -> None:
+    fields = ["S"] + ["0"] * 60
+    fields[6] = str(procinfo.PF_EXITING | 0x40)
+    fields[49] = "9"
+    text = "1234 (py thon) ) " + " ".join(fields)
+    assert procinfo.parse_stat(text) == (procinfo.PF_EXITING | 0x40, 9)
+    assert procinfo.killing_signal(os.getpid()) is None  # we are alive
+
+
+def test_journal_torn_tail_ignored() -> None:
+    frames = encode_frame({"op": "a"}) + encode_frame({"op": "b"})
+    whole, n = decode_frames(frames)
+    assert [e["op"] for e in whole] == ["a", "b"] and n == len(frames)
+    for cut in range(len(frames)):
+        got, n = decode_frames(frames[:cut])
+        assert [e["op"] for e in got] == ["a", "b"][: len(got)]
+    flipped = bytearray(frames)
+    flipped[-3] ^= 0x40
+    assert [e["op"] for e in decode_frames(bytes(flipped))[0]] == ["a"]
+
+
+def save(fs: CkptFS, path: str, data: bytes) -> None:
+    fh = fs.create(path, 0o644)
+    fs.write(fh, data, 0)
+    fs.flush(fh)
+    fs.release(fh)
+
+
+def test_recovery_rolls_forward_last_intent_and_drops_unverifiable(tmp_path) -> None:
+    store = OsBackingStore(str(tmp_path))
+    fs = CkptFS(store)
+    save(fs, "a.bin", b"one")
+    fs.shutdown()
+    # simulate a crash after the intent of a new version was logged, before rename
+    j = Journal(store)
+    j.load()
+    staged = ".ckptfs/staging/deadbeef"
+    (tmp_path / staged).write_bytes(b"two!")
+    from ckptfs.hashing import IncrementalDigest
+    from ckptfs.records import FileRecord
+
+    d = IncrementalDigest()
+    d.update(b"two!", 0)
+    whole, chunks = d.finish(4)
+    ino = os.stat(tmp_path / staged).st_ino
+    rec = FileRecord(size=4, blake3=whole, chunks=chunks, generation=2, committed_at=0.0, ino=ino)
+    j.append({"op": "install", "path": "a.bin", "staging": staged, "rec": rec.to_json()})
+    j.close()
+    rep = recover(store)
+    assert rep.inflight_completed and (tmp_path / "a.bin").read_bytes() == b"two!"
+    assert rep.files["a.bin"].generation == 2
+    # idempotent
+    assert recover(store).files["a.bin"].blake3 == whole
+    # a staged file whose bytes do not match its intent is never installed
+    (tmp_path / staged).write_bytes(b"bad!")
+    j = Journal(store)
+    j.load()
+    j.append({"op": "install", "path": "a.bin", "staging": staged, "rec": {**rec.to_json(), "generation": 3}})
+    j.close()
+    rep = recover(store)
+    assert not rep.inflight_completed and (tmp_path / "a.bin").read_bytes() == b"two!"
+    assert os.listdir(tmp_path / ".ckptfs" / "staging") == []
+
+
+def test_unlink_and_rename_of_open_file(tmp_path) -> None:
+    fs = CkptFS(OsBackingStore(str(tmp_path)))
+    fh = fs.create("x.tmp", 0o644)
+    fs.write(fh, b"hello", 0)
+    fs.rename("x.tmp", "x")  # still open: the pending version moves with it
+    fs.flush(fh)
+    fs.release(fh)
+    assert (tmp_path / "x").read_bytes() == b"hello" and not (tmp_path / "x.tmp").exists()
+    fh = fs.create("gone", 0o644)
+    fs.write(fh, b"bye", 0)
+    fs.unlink("gone")
+    fs.flush(fh)
+    fs.release(fh)
+    assert not (tmp_path / "gone").exists()
+    with pytest.raises(FileNotFoundError):
+        fs.getattr("gone")
+    fs.shutdown()
