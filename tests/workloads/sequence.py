@@ -7,7 +7,7 @@ Step i (i = 0, 1, ...):
   4. fsync(DIR)  (async mode: waits until everything above is durable)
   5. append "i" to ACKFILE (outside the mount) and fsync it
 
-Usage: sequence.py DIR ACKFILE STEPS
+Usage: sequence.py DIR ACKFILE STEPS [START]   (steps START .. START+STEPS-1)
 """
 
 from __future__ import annotations
@@ -30,9 +30,10 @@ def check_shard(path: str, i: int) -> None:
 
 def main() -> None:
     d, ackfile, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    start = int(sys.argv[4]) if len(sys.argv) > 4 else 0
     os.makedirs(os.path.join(d, "shards"), exist_ok=True)
     ack = os.open(ackfile, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    for i in range(steps):
+    for i in range(start, start + steps):
         torch.save(shard(i), os.path.join(d, "shards", f"s_{i}.pt"))
         with open(os.path.join(d, "latest.tmp"), "w") as f:
             f.write(str(i))
