@@ -98,6 +98,7 @@ class CkptFS:
         self._next_fh = 1
         self.stats: collections.Counter[str] = collections.Counter()
         self._as_root = hasattr(os, "geteuid") and os.geteuid() == 0
+        self.shut_down = False
         self.committer = _Committer(self, max_backlog, max_backlog_bytes) if commit_mode == "async" else None
         log.info("recovery: %s", self.recovery.summary())
 
@@ -136,6 +137,8 @@ class CkptFS:
 
     def shutdown(self) -> None:
         """Finish queued commits, discard open versions' staging, close fds."""
+        if self.shut_down:
+            return
         if self.committer:
             self.committer.stop()
         with self.commit_lock, self.lock:
@@ -145,7 +148,13 @@ class CkptFS:
             self.handles.clear()
             for v in list(self.pending.values()):
                 self._discard(v, "filesystem unmounted while file open")
+            try:
+                self.journal.compact(self.records, list(self.aborts))
+            except OSError as e:
+                log.warning("final compaction failed (recovery will replay the journal): %s", e)
             self.journal.close()
+            self.shut_down = True
+            log.info("shutdown complete: %s", dict(self.stats))
 
     # --------------------------------------------------------------- getattr
     @staticmethod

@@ -213,4 +213,12 @@ def serve(fs: CkptFS, mountpoint: str, *, allow_other: bool = False, debug: bool
         opts["allow_other"] = True
     if debug:
         opts["debug"] = True
-    fuse_cls(make_operations(mfusepy, fs), mountpoint, **opts)
+    try:
+        fuse_cls(make_operations(mfusepy, fs), mountpoint, **opts)
+    except RuntimeError as e:
+        # libfuse3 returns non-zero from fuse_main when SIGINT/SIGTERM/SIGHUP
+        # ended the loop; it has unmounted and called destroy by then.
+        if fs.shut_down:
+            log.info("stopped by signal (fuse_main returned %s)", e)
+            return
+        raise

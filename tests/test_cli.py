@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 
+import pytest
 from conftest import Mount, _env
 
-from ckptfs.cli import pid_alive
+from ckptfs.backing import OsBackingStore
+from ckptfs.cli import is_ckptfs_mount, pid_alive
+from ckptfs.journal import Journal
 
 
 def ckptfs(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -85,3 +90,20 @@ def test_stale_mount_is_replaced(tmp_path) -> None:
     finally:
         ckptfs("umount", str(d))
         m.stop()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_stops_foreground_daemon_cleanly(tmp_path, sig: int) -> None:
+    d = tmp_path / "ck"
+    d.mkdir()
+    m = Mount(d, commit="async").start()
+    for i in range(10):
+        (d / f"f{i}.json").write_text(json.dumps({"i": i}))
+    os.kill(m.pid, sig)
+    assert m.proc.wait(60) == 0
+    assert not is_ckptfs_mount(str(d))
+    for i in range(10):
+        assert json.loads((d / f"f{i}.json").read_text()) == {"i": i}
+    st = Journal(OsBackingStore(str(d))).load()
+    assert st.entries == [] and len(st.files) == 10  # shut down cleanly: nothing left to replay
+    m.stop()
