@@ -37,12 +37,18 @@ def check_prefix_state(d: Path, acked: list[int]) -> int:
     latest = int((d / "latest").read_text()) if "latest" in names else -1
     if acked:
         assert latest >= max(acked), f"acked step {max(acked)} lost (latest={latest})"
-    shards = {int(n[2:-3]) for n in os.listdir(d / "shards")} if "shards" in names else set()
-    for i in shards:
-        sequence.check_shard(str(d / "shards" / f"s_{i}.pt"), i)  # every visible file is whole
+    files = [n[2:-3].split("_") for n in os.listdir(d / "shards")] if "shards" in names else []
+    present: dict[int, set[int]] = {}
+    for i, k in ((int(a), int(b)) for a, b in files):
+        sequence.check_shard(str(d / "shards" / f"s_{i}_{k}.pt"), i, k)  # every visible file is whole
+        present.setdefault(i, set()).add(k)
+    shards = set(present)
+    full = set(range(sequence.SHARDS))
     if latest >= 0:
-        # the pointer never survives without the shards it names (ordering)
-        assert latest in shards and (latest == 0 or latest - 1 in shards), (latest, shards)
+        # the pointer never survives without all the shards it names (ordering),
+        # and rotation never removed the step before it
+        assert present.get(latest) == full, (latest, present)
+        assert latest == 0 or present.get(latest - 1) == full, (latest, present)
     # prefix: nothing beyond the step after the pointer exists; rotation only behind it
     assert all(i <= latest + 1 for i in shards), (latest, shards)
     assert all(i >= latest - 2 for i in shards), (latest, shards)
@@ -72,7 +78,7 @@ def test_crash_at_protocol_point(tmp_path: Path, point: str, commit: str) -> Non
     d.mkdir()
     ack = tmp_path / "acks"
     # hit 1 of compact_snapshot is the compaction of the mount-time recovery
-    nth = rng.randint(2, 4) if point == "compact_snapshot" else rng.randint(1, 2 * STEPS - 2)
+    nth = rng.randint(2, 4) if point == "compact_snapshot" else rng.randint(1, 3 * STEPS)
     env = {"CKPTFS_CRASH_AT": f"{point}:{nth}", "CKPTFS_COMPACT_EVERY": "5"}
     m = Mount(d, commit=commit, env=env).start()
     try:
