@@ -16,7 +16,6 @@ from __future__ import annotations
 import errno
 import os
 import sys
-from collections.abc import Iterator
 from typing import Protocol
 
 IS_DARWIN = sys.platform == "darwin"
@@ -242,13 +241,3 @@ class OsBackingStore:
             os.removexattr(fd, name)
         finally:
             os.close(fd)
-
-    def walk_files(self, path: str = "") -> Iterator[str]:
-        """Yield relative paths of all non-directory entries under path."""
-        for name in self.listdir(path):
-            sub = f"{path}/{name}" if path else name
-            st = self.lstat(sub)
-            if (st.st_mode & 0o170000) == 0o040000:
-                yield from self.walk_files(sub)
-            else:
-                yield sub

@@ -225,7 +225,6 @@ class Journal:
         self.store.rename(tmp, SNAPSHOT)
         self.store.fsync_dir(META_DIR)
         crashpoints.hit("compact_snapshot")
-        old = self.journal_path(self.epoch)
         self.close()
         self.epoch = new_epoch
         self.entries_since_snapshot = 0
@@ -233,4 +232,3 @@ class Journal:
         for name in self.store.listdir(META_DIR):
             if name.startswith("journal.") and name != f"journal.{new_epoch}":
                 self.store.unlink(f"{META_DIR}/{name}")
-        del old
