@@ -21,6 +21,7 @@ I5  Lock order: ``commit_lock`` before ``lock``; never block on disk while
 from __future__ import annotations
 
 import collections
+import dataclasses
 import errno
 import json
 import logging
@@ -399,8 +400,8 @@ class CkptFS:
 
     def _seal(self, v: Version) -> None:
         """Freeze v and fill in its record; raise EIO if incomplete.  Holds v.lock."""
-        size = self.store.fstat(v.fd).st_size
-        v.size = size
+        st = self.store.fstat(v.fd)
+        size = v.size = st.st_size
         if self.check_formats:
             reason = formats.check(self.store, v.fd, size, os.path.basename(v.path))
             if reason:
@@ -410,11 +411,9 @@ class CkptFS:
         if got is None:
             self.stats["rehashes"] += 1
             got = digest_fd(self.store, v.fd, size)
-        prev = self.records.get(v.path)
-        v.record = FileRecord(
-            size=size, blake3=got[0], chunks=got[1],
-            generation=(prev.generation + 1) if prev else 1,
-            committed_at=time.time(), ino=self.store.fstat(v.fd).st_ino,
+        v.record = FileRecord(  # generation is assigned at install, in commit order
+            size=size, blake3=got[0], chunks=got[1], generation=0,
+            committed_at=time.time(), ino=st.st_ino,
         )
         if self.committer:
             v.state = "queued"
@@ -433,8 +432,7 @@ class CkptFS:
         rec = v.record
         assert rec is not None
         prev = self.records.get(v.path)
-        if prev is not None and rec.generation != prev.generation + 1:
-            rec = FileRecord(**{**rec.to_json(), "generation": prev.generation + 1})
+        rec = dataclasses.replace(rec, generation=prev.generation + 1 if prev else 1)
         self.store.fsync(v.fd)
         crashpoints.hit("stage_synced")
         mark = self.journal.append({"op": "install", "path": v.path, "staging": v.staging, "rec": rec.to_json()})
@@ -549,9 +547,7 @@ class CkptFS:
         v = h.version
         if v is None:
             return
-        if v.state == "open" and v.dirty and not v.unlinked:
-            self._commit(v, caller, wait=True)
-        elif v.state in ("queued", "committing"):
+        if (v.state == "open" and v.dirty and not v.unlinked) or v.state in ("queued", "committing"):
             self._commit(v, caller, wait=True)
         if v.error is not None:
             raise _err(v.error.errno or errno.EIO, str(v.error))
