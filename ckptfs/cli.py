@@ -1,4 +1,4 @@
-"""Command line: ``ckptfs mount|umount|recover|status``.
+"""Command line: ``ckptfs mount|umount|recover|status`` (+ group commands in cli_groups).
 
 Every user error ends in one line ``ckptfs: error: ...`` and exit status 2
 (1 for operational failures), never a traceback.
@@ -19,6 +19,7 @@ import time
 
 from . import META_DIR, __version__
 from .backing import OsBackingStore
+from .cli_groups import GroupCliError
 
 log = logging.getLogger("ckptfs")
 
@@ -144,6 +145,9 @@ def spawn_daemon(a: argparse.Namespace, d: str) -> int:
         argv.append("--no-format-check")
     if a.allow_other:
         argv.append("--allow-other")
+    for opt in ("keep_last", "keep_every", "idle_seal"):
+        if getattr(a, opt) is not None:
+            argv += ["--" + opt.replace("_", "-"), str(getattr(a, opt))]
     env = dict(os.environ, CKPTFS_READY_FD=str(wfd))
     pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = pkg_root + os.pathsep + env.get("PYTHONPATH", "")
@@ -157,10 +161,11 @@ def spawn_daemon(a: argparse.Namespace, d: str) -> int:
         proc.stderr.close()
         print(f"ckptfs: mounted {d} (daemon pid {proc.pid}, commit={a.commit})")
         return 0
-    err = proc.stderr.read() if proc.stderr else ""
-    proc.wait()
+    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    rc = proc.wait()
     lines = [ln for ln in err.strip().splitlines() if ln.strip()]
-    raise CliError(lines[-1].removeprefix("ckptfs: error: ") if lines else "daemon exited during start", 1)
+    raise CliError(lines[-1].removeprefix("ckptfs: error: ") if lines else "daemon exited during start",
+                   rc if rc > 0 else 1)
 
 
 def run_foreground(a: argparse.Namespace, d: str, backing: str) -> int:
@@ -171,9 +176,10 @@ def run_foreground(a: argparse.Namespace, d: str, backing: str) -> int:
     store = OsBackingStore(backing)
     try:
         setup_logging(store, a.debug)
+        rules = load_rules(store, a)
         try:
             fs = CkptFS(store, commit_mode=a.commit, check_formats=not a.no_format_check,
-                        backing_label=backing)
+                        backing_label=backing, rules=rules)
         except CorruptMetadata as e:
             raise CliError(f"{backing}: {e}; run 'ckptfs recover --rebuild {backing}'", 1) from None
         log.info("ckptfs %s serving %s (backing %s, commit=%s)", __version__, d, backing, a.commit)
@@ -185,6 +191,24 @@ def run_foreground(a: argparse.Namespace, d: str, backing: str) -> int:
     finally:
         store.shutdown()
     return 0
+
+
+def load_rules(store: OsBackingStore, a: argparse.Namespace):
+    """Group rules: defaults, then ``.ckptfs.toml`` in the backing root, then command-line flags."""
+    import dataclasses
+
+    from .journal import read_whole
+    from .rules import CONFIG_NAME, ConfigError, RuleSet, parse_config
+
+    rules = RuleSet()
+    if store.exists(CONFIG_NAME):
+        try:
+            rules = parse_config(read_whole(store, CONFIG_NAME), CONFIG_NAME)
+        except ConfigError as e:
+            raise CliError(f"bad group configuration: {e}", 2) from None
+    over = {k: v for k, v in (("keep_last", a.keep_last), ("keep_every", a.keep_every),
+                               ("idle_seconds", a.idle_seal)) if v is not None}
+    return dataclasses.replace(rules, **over) if over else rules
 
 
 def _signal_ready_when_mounted(d: str, fd: int) -> None:
@@ -306,6 +330,12 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--no-format-check", action="store_true",
                    help="commit any file closed by a live process, complete or not")
     m.add_argument("--allow-other", action="store_true", help="let other users access the mount")
+    m.add_argument("--keep-last", type=int, metavar="K",
+                   help="retention: keep the newest K sealed groups per directory (default: keep all)")
+    m.add_argument("--keep-every", type=int, metavar="N",
+                   help="retention: also keep every group whose step is a multiple of N")
+    m.add_argument("--idle-seal", type=float, metavar="SECONDS",
+                   help="seal marker-less groups after this long without activity (default 30)")
     m.add_argument("--debug", action="store_true")
     m.set_defaults(func=cmd_mount)
 
@@ -323,6 +353,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("status", help="daemon state, commits and aborted versions")
     s.add_argument("dir")
     s.set_defaults(func=cmd_status)
+    from .cli_groups import add_parsers
+
+    add_parsers(sub)
     return p
 
 
@@ -331,6 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except CliError as e:
+        print(f"ckptfs: error: {e}", file=sys.stderr)
+        return e.code
+    except GroupCliError as e:
         print(f"ckptfs: error: {e}", file=sys.stderr)
         return e.code
     except KeyboardInterrupt:

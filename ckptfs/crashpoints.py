@@ -22,6 +22,11 @@ POINTS = (
     "recovery_replayed",   # recovery finished the in-flight op, before compaction
 )
 
+GROUP_POINTS = (
+    "group_commit_written",  # manifest + COMMIT durable, group_seal not yet journaled
+    "retire_moved",          # retention moved a group to trash, not yet deleted
+)
+
 _lock = threading.Lock()
 _hits: dict[str, int] = {}
 

@@ -36,7 +36,7 @@ from typing import Any
 from . import META_DIR, __version__, crashpoints, formats, procinfo
 from .backing import BackingStore
 from .group_ops import GroupOps
-from .groups import COMMITTED_VIEW, OPEN, SEALED
+from .groups import COMMITTED_VIEW, OPEN, SEALED, SealError, read_seal
 from .hashing import digest_fd
 from .journal import STAGING, Journal
 from .records import FileRecord
@@ -200,6 +200,10 @@ class CkptFS(GroupOps):
             self.handles.clear()
             for v in list(self.pending.values()):
                 self._discard(v, "filesystem unmounted while file open")
+            try:
+                self.settle_open_groups()
+            except OSError as e:
+                log.warning("could not settle open groups at unmount (recovery will): %s", e)
             try:
                 self.journal.compact(self.records, list(self.aborts), self._groups_json())
             except OSError as e:
@@ -912,6 +916,11 @@ class CkptFS(GroupOps):
         if g is not None and g.state in (OPEN, SEALED):
             out["user.ckptfs.status"] = g.state
             out["user.ckptfs.group"] = json.dumps(self.group_summary(g), sort_keys=True)
+            if g.state == SEALED:
+                try:
+                    out["user.ckptfs.lineage"] = json.dumps(read_seal(self.store, g.id)[0].get("lineage"))
+                except (SealError, OSError) as e:
+                    out["user.ckptfs.error"] = f"seal unreadable: {e}"
             return out
         if self._visible(path) is None and stat.S_ISDIR(self.store.lstat(path).st_mode):
             out["user.ckptfs.groups"] = self.groups_json_attr(path)

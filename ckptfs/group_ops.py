@@ -315,6 +315,16 @@ class GroupOps:
                     if g.state == OPEN:
                         self._seal_group(g, f"idle for {idle:.0f}s")
 
+    def settle_open_groups(self) -> None:
+        """At unmount nothing can complete an open group any more: seal those whose rule allows
+        idle sealing, quarantine the rest as torn (so the unmounted directory shows only
+        sealed groups).  Caller holds commit_lock; no file is open."""
+        for g in [g for g in self.groups.values() if g.state == OPEN]:
+            if self._rule_of(g).idle_seal and not g.reason.startswith("writer killed"):
+                self._seal_group(g, "unmount (idle)")
+            else:
+                self._quarantine(g, TORN, g.reason or "not sealed when the filesystem was unmounted")
+
     # ------------------------------------------------------------- retention
     def _apply_retention(self, d: str) -> None:
         """G8.  Caller holds commit_lock."""

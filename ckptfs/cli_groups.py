@@ -1,0 +1,345 @@
+"""Command line for checkpoint groups: ``ckptfs ls / show / seal / gc / verify``.
+
+Each command works on a mounted directory (through the daemon's xattrs and the
+files as served) and, except ``seal``, on an unmounted one (from the plain
+files under ``.ckptfs``: snapshot, journal, manifests, COMMITs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import blake3
+
+from . import META_DIR
+from .backing import OsBackingStore
+from .groups import CORRUPT, OPEN, SEALED, TORN, GroupState, SealError, read_seal
+from .journal import Journal
+from .recovery import apply_entry, parent
+
+
+class GroupCliError(Exception):
+    def __init__(self, msg: str, code: int = 2) -> None:
+        super().__init__(msg)
+        self.code = code
+
+
+def find_mount_root(path: str) -> str | None:
+    from .cli import is_ckptfs_mount
+
+    p = os.path.abspath(path)
+    while True:
+        if is_ckptfs_mount(p):
+            return p
+        up = os.path.dirname(p)
+        if up == p:
+            return None
+        p = up
+
+
+def find_backing_root(path: str) -> str | None:
+    p = os.path.abspath(path)
+    while True:
+        if os.path.isdir(os.path.join(p, META_DIR)):
+            return p
+        up = os.path.dirname(p)
+        if up == p:
+            return None
+        p = up
+
+
+@dataclass
+class Where:
+    """Where a CLI path lives: ``root`` (mountpoint or backing dir) and ``rel`` inside it."""
+
+    root: str
+    rel: str
+    mounted: bool
+
+
+def locate(path: str) -> Where:
+    if not os.path.exists(path):
+        raise GroupCliError(f"{path}: no such file or directory")
+    root = find_mount_root(path)
+    if root is not None:
+        return Where(root, os.path.relpath(os.path.abspath(path), root).removeprefix("."), True)
+    root = find_backing_root(path)
+    if root is None:
+        raise GroupCliError(f"{path}: not inside a ckptfs mount or a directory ckptfs has managed "
+                            f"(no {META_DIR}/ above it)")
+    return Where(root, os.path.relpath(os.path.abspath(path), root).removeprefix("."), False)
+
+
+def offline_groups(root: str) -> tuple[dict[str, Any], dict[str, GroupState]]:
+    """Records and groups of an unmounted directory, read-only (no recovery is run).
+
+    Groups still open here were torn by a crash; the next mount quarantines them."""
+    store = OsBackingStore(root)
+    try:
+        st = Journal(store).load()
+        files = dict(st.files)
+        groups = {p: GroupState.from_json(g) for p, g in st.groups.items()}
+        for e in st.entries:
+            if e.get("op") != "abort":
+                apply_entry(files, e, groups)
+        for g in groups.values():
+            if g.state == OPEN:
+                g.state, g.reason = TORN, "not sealed before the daemon stopped (recovery will quarantine it)"
+        return files, groups
+    finally:
+        store.shutdown()
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1024
+    return str(n)
+
+
+def _age(t: float) -> str:
+    s = max(0.0, time.time() - t)
+    for unit, div in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= div:
+            return f"{s / div:.0f}{unit}"
+    return f"{s:.0f}s"
+
+
+def list_groups(w: Where) -> list[dict[str, Any]]:
+    d = os.path.join(w.root, w.rel)
+    if w.mounted:
+        try:
+            return json.loads(os.getxattr(d, "user.ckptfs.groups"))
+        except OSError as e:
+            raise GroupCliError(f"{d}: cannot read group list: {e.strerror}", 1) from None
+    _, groups = offline_groups(w.root)
+    rel = w.rel.strip("/")
+    out = [g.to_json() for g in groups.values() if parent(g.path) == rel]
+    return sorted(out, key=lambda x: (x["step"] if x["step"] is not None else -1, x["created_at"]))
+
+
+def cmd_ls(a: argparse.Namespace) -> int:
+    w = locate(a.dir)
+    rows = [g for g in list_groups(w) if a.all or g["state"] in (OPEN, SEALED)]
+    if a.json:
+        print(json.dumps(rows, indent=2, sort_keys=True))
+        return 0
+    if not rows:
+        print("(no groups)")
+        return 0
+    print(f"{'STATE':8} {'STEP':>8} {'FILES':>6} {'BYTES':>10} {'AGE':>5}  NAME")
+    for g in rows:
+        step = "-" if g["step"] is None else str(g["step"])
+        when = g["sealed_at"] or g["created_at"]
+        line = (f"{g['state']:8} {step:>8} {g['files']:>6} {_human(g['bytes']):>10} {_age(when):>5}  "
+                f"{os.path.basename(g['path'])}")
+        if g["state"] in (TORN, CORRUPT):
+            where = f"kept at {g['moved_to']} until 'ckptfs gc'" if g["moved_to"] else "hidden at the next mount"
+            line += f"  ({g['reason']}; {where})"
+        print(line)
+    return 0
+
+
+def _group_at(w: Where) -> GroupState:
+    _, groups = offline_groups(w.root)
+    g = groups.get(w.rel.strip("/"))
+    if g is None:
+        raise GroupCliError(f"{os.path.join(w.root, w.rel)}: not a checkpoint group")
+    return g
+
+
+def cmd_show(a: argparse.Namespace) -> int:
+    w = locate(a.group)
+    if w.mounted:
+        p = os.path.join(w.root, w.rel)
+        try:
+            out = json.loads(os.getxattr(p, "user.ckptfs.group"))
+        except OSError:
+            raise GroupCliError(f"{p}: not a checkpoint group") from None
+        try:
+            out["lineage"] = json.loads(os.getxattr(p, "user.ckptfs.lineage"))
+        except OSError:
+            pass
+    else:
+        g = _group_at(w)
+        out = g.to_json()
+        store = OsBackingStore(w.root)
+        try:
+            manifest, _ = read_seal(store, g.id)
+            out["lineage"] = manifest.get("lineage")
+            out["manifest_files"] = sorted(manifest["files"])
+        except SealError as e:
+            out["seal_problem"] = str(e)
+        finally:
+            store.shutdown()
+    print(json.dumps(out, indent=2, sort_keys=True))
+    return 0
+
+
+def cmd_seal(a: argparse.Namespace) -> int:
+    w = locate(a.dir)
+    p = os.path.join(w.root, w.rel)
+    if not w.mounted:
+        raise GroupCliError(f"{p}: not mounted; sealing needs the daemon (mount it, or it stays as it is)")
+    try:
+        os.setxattr(p, "user.ckptfs.seal", b"1")
+        status = os.getxattr(p, "user.ckptfs.status").decode()
+    except OSError as e:
+        raise GroupCliError(f"{p}: seal failed: {e.strerror}", 1) from None
+    print(f"ckptfs: {p}: {status}")
+    return 0 if status == SEALED else 1
+
+
+def cmd_gc(a: argparse.Namespace) -> int:
+    w = locate(a.dir)
+    if w.mounted:
+        try:
+            os.setxattr(w.root, "user.ckptfs.gc", b"1")
+        except OSError as e:
+            raise GroupCliError(f"{w.root}: gc failed: {e.strerror}", 1) from None
+        print(f"ckptfs: gc done on {w.root}")
+        return 0
+    from .fs import CkptFS
+
+    store = OsBackingStore(w.root)
+    try:
+        fs = CkptFS(store, housekeeping_interval=0)  # runs recovery: torn groups are quarantined first
+        res = fs.gc()
+        fs.shutdown()
+    finally:
+        store.shutdown()
+    print(f"ckptfs: gc removed {res['groups_removed']} torn/corrupt groups from {w.root}")
+    return 0
+
+
+def _hash_file(path: str) -> str:
+    h = blake3.blake3()
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(1 << 22)
+            if not b:
+                break
+            h.update(b)
+    return h.hexdigest()
+
+
+def verify_group_offline(root: str, g: GroupState, out: list[str]) -> int:
+    """Check G1 and every file's size and blake3 against the manifest; append problems to out."""
+    store = OsBackingStore(root)
+    try:
+        manifest, _ = read_seal(store, g.id)
+    except SealError as e:
+        out.append(f"{g.path}: {e}")
+        return 0
+    finally:
+        store.shutdown()
+    n = 0
+    for rel, rec in sorted(manifest["files"].items()):
+        p = os.path.join(root, g.path, rel)
+        n += 1
+        try:
+            size = os.path.getsize(p)
+        except OSError:
+            out.append(f"{g.path}/{rel}: missing")
+            continue
+        if size != rec["size"]:
+            out.append(f"{g.path}/{rel}: size {size}, manifest says {rec['size']}")
+        elif _hash_file(p) != rec["blake3"]:
+            out.append(f"{g.path}/{rel}: content does not match its blake3 in the manifest")
+    gdir = os.path.join(root, g.path)
+    for dirpath, _, names in os.walk(gdir):
+        for name in names:
+            rel = os.path.relpath(os.path.join(dirpath, name), gdir)
+            if rel not in manifest["files"]:
+                out.append(f"{g.path}/{rel}: not in the manifest (added after the seal)")
+    return n
+
+
+def verify_group_mounted(root: str, rel: str, out: list[str]) -> int:
+    """Read every file of a sealed group through the mount and compare with its committed digest."""
+    gdir = os.path.join(root, rel)
+    status = os.getxattr(gdir, "user.ckptfs.status").decode()
+    if status != SEALED:
+        out.append(f"{rel}: group is {status}, not sealed")
+        return 0
+    n = 0
+    for dirpath, _, names in os.walk(gdir):
+        for name in names:
+            p = os.path.join(dirpath, name)
+            n += 1
+            try:
+                want = os.getxattr(p, "user.ckptfs.blake3").decode()
+            except OSError:
+                out.append(f"{os.path.relpath(p, root)}: no committed digest")
+                continue
+            try:
+                got = _hash_file(p)
+            except OSError as e:
+                out.append(f"{os.path.relpath(p, root)}: read failed: {e.strerror}")
+                continue
+            if got != want:
+                out.append(f"{os.path.relpath(p, root)}: content does not match its committed blake3")
+    return n
+
+
+def cmd_verify_groups(a: argparse.Namespace) -> int:
+    """Verify a group, or every group directly inside a directory."""
+    w = locate(a.path)
+    rel = w.rel.strip("/")
+    problems: list[str] = []
+    checked_files = checked_groups = 0
+    if w.mounted:
+        p = os.path.join(w.root, rel)
+        try:
+            is_group = os.getxattr(p, "user.ckptfs.status").decode() in (OPEN, SEALED)
+        except OSError:
+            is_group = False
+        targets = [rel] if is_group else [g["path"] for g in list_groups(w) if g["state"] == SEALED]
+        for t in targets:
+            checked_files += verify_group_mounted(w.root, t, problems)
+            checked_groups += 1
+    else:
+        _, groups = offline_groups(w.root)
+        if rel in groups:
+            targets = [groups[rel]]
+        else:
+            targets = [g for g in groups.values() if parent(g.path) == rel]
+        for g in targets:
+            checked_groups += 1
+            if g.state != SEALED:
+                print(f"note: {g.path} is {g.state} ({g.reason}); not part of the committed state",
+                      file=sys.stderr)
+                continue
+            checked_files += verify_group_offline(w.root, g, problems)
+    for line in problems:
+        print(f"FAIL {line}", file=sys.stderr)
+    print(f"ckptfs: verified {checked_groups} groups, {checked_files} files: "
+          f"{'OK' if not problems else f'{len(problems)} problems'}")
+    return 1 if problems else 0
+
+
+def add_parsers(sub: Any) -> None:
+    ls = sub.add_parser("ls", help="list checkpoint groups in DIR")
+    ls.add_argument("dir")
+    ls.add_argument("--all", action="store_true", help="include torn and corrupt groups")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=cmd_ls)
+    sh = sub.add_parser("show", help="a group's state, files and lineage")
+    sh.add_argument("group")
+    sh.set_defaults(func=cmd_show)
+    se = sub.add_parser("seal", help="seal DIR as a checkpoint group now (mounted)")
+    se.add_argument("dir")
+    se.set_defaults(func=cmd_seal)
+    gc = sub.add_parser("gc", help="delete torn/corrupt groups kept in quarantine")
+    gc.add_argument("dir")
+    gc.set_defaults(func=cmd_gc)
+    v = sub.add_parser("verify", help="verify groups against their manifests (mounted or not)")
+    v.add_argument("path")
+    v.set_defaults(func=cmd_verify_groups)

@@ -1,0 +1,292 @@
+"""Checkpoint groups on a real mount: sealing events, torn-group hiding, pointer
+ordering, committed-only view, retention, CLI (ls/show/seal/gc/verify)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import Mount, _env
+
+from ckptfs import META_DIR
+from ckptfs.journal import decode_frames
+
+VIEW = ".ckptfs-committed"
+
+
+def status(p: Path) -> str:
+    return os.getxattr(p, "user.ckptfs.status").decode()
+
+
+def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    r = subprocess.run([sys.executable, "-m", "ckptfs", *args], capture_output=True, text=True, env=_env(),
+                       timeout=120)
+    if check and r.returncode != 0:
+        raise AssertionError(f"ckptfs {args} failed ({r.returncode}): {r.stdout}{r.stderr}")
+    return r
+
+
+def save_hf_like(d: Path, step: int, marker: bool = True) -> dict:
+    g = d / f"checkpoint-{step}"
+    g.mkdir(parents=True)
+    sd = {"w": torch.full((64,), float(step))}
+    torch.save(sd, g / "model.pt")
+    torch.save({"opt": torch.arange(8) * step}, g / "optimizer.pt")
+    if marker:
+        (g / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    return sd
+
+
+def journal_ops(backing: Path) -> list[dict]:
+    frames: list[dict] = []
+    for name in sorted(os.listdir(backing / META_DIR)):
+        if name.startswith("journal."):
+            frames += decode_frames((backing / META_DIR / name).read_bytes())[0]
+    return frames
+
+
+def test_marker_seals_and_view_hides_open_group(mnt: Mount) -> None:
+    d = mnt.path / "run"
+    save_hf_like(d, 10)
+    assert status(d / "checkpoint-10") == "sealed"
+    save_hf_like(d, 20, marker=False)
+    g20 = d / "checkpoint-20"
+    assert status(g20) == "open"
+    # read-your-writes in the normal view; the committed view hides the open group
+    assert sorted(os.listdir(d)) == ["checkpoint-10", "checkpoint-20"]
+    assert os.listdir(mnt.path / VIEW / "run") == ["checkpoint-10"]
+    assert not (mnt.path / VIEW / "run" / "checkpoint-20").exists()
+    assert VIEW not in os.listdir(mnt.path)
+    # the view is read-only and serves the committed bytes
+    sd = torch.load(mnt.path / VIEW / "run/checkpoint-10/model.pt")
+    assert torch.equal(sd["w"], torch.full((64,), 10.0))
+    with pytest.raises(OSError) as ei:
+        (mnt.path / VIEW / "run/checkpoint-10/x").write_bytes(b"1")
+    assert ei.value.errno == 30  # EROFS
+    (g20 / "trainer_state.json").write_text("{}")
+    assert status(g20) == "sealed"
+    assert sorted(os.listdir(mnt.path / VIEW / "run")) == ["checkpoint-10", "checkpoint-20"]
+    info = json.loads(os.getxattr(g20, "user.ckptfs.group"))
+    assert info["files"] == 3 and info["rule"] == "hf-trainer" and info["step"] == 20
+    lin = json.loads(os.getxattr(g20, "user.ckptfs.lineage"))
+    assert lin["step"] == 20 and lin["parent"] == "run/checkpoint-10" and lin["pid"] > 0
+
+
+def test_torn_group_hidden_after_daemon_kill(tmp_path: Path) -> None:
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    m = Mount(d).start()
+    try:
+        save_hf_like(d, 1)
+        save_hf_like(d, 2, marker=False)  # the daemon dies before the marker
+        m.kill()
+        m.start()
+        assert os.listdir(d) == ["checkpoint-1"]  # the torn group shows what was there before: nothing
+        assert status(d / "checkpoint-1") == "sealed"
+        rows = json.loads(cli("ls", str(d), "--all", "--json").stdout)
+        assert [(r["step"], r["state"]) for r in rows] == [(1, "sealed"), (2, "torn")]
+        assert "no COMMIT" in rows[1]["reason"]
+        assert [r["step"] for r in json.loads(cli("ls", str(d), "--json").stdout)] == [1]
+        # a new save at the torn group's name works (no collision with the quarantined copy)
+        save_hf_like(d, 2)
+        assert status(d / "checkpoint-2") == "sealed"
+        cli("gc", str(d))
+        rows = json.loads(cli("ls", str(d), "--all", "--json").stdout)
+        assert [(r["step"], r["state"]) for r in rows] == [(1, "sealed"), (2, "sealed")]
+    finally:
+        m.stop()
+    assert not os.listdir(d / META_DIR / "quarantine")
+
+
+WRITER = r"""
+import os, sys, time, torch
+g = sys.argv[1]
+os.makedirs(g)
+torch.save({"w": torch.ones(4)}, os.path.join(g, "model.pt"))
+print("ready", flush=True)
+time.sleep(60)  # killed here, between two files of the group
+"""
+
+
+def test_group_of_killed_writer_hidden_live(mnt: Mount) -> None:
+    save_hf_like(mnt.path, 5)
+    p = subprocess.Popen([sys.executable, "-c", WRITER, str(mnt.path / "checkpoint-6")], stdout=subprocess.PIPE,
+                         text=True, env=_env())
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        assert status(mnt.path / "checkpoint-6") == "open"
+        assert "checkpoint-6" in os.listdir(mnt.path)  # writer alive: still in progress
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    # every writer is gone and the group never sealed: the next listing no longer shows it
+    assert os.listdir(mnt.path) == ["checkpoint-5"]
+    rows = json.loads(cli("ls", str(mnt.path), "--all", "--json").stdout)
+    assert [(r["step"], r["state"]) for r in rows] == [(5, "sealed"), (6, "torn")]
+
+
+def test_pointer_committed_only_after_group_commit(mnt: Mount) -> None:
+    g = mnt.path / "global_step7"
+    g.mkdir()
+    torch.save({"w": torch.ones(3)}, g / "mp_rank_00_model_states.pt")
+    torch.save({"o": torch.ones(3)}, g / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    assert status(g) == "open"
+    (mnt.path / "latest").write_text("global_step7")
+    assert status(g) == "sealed"
+    # Megatron-style pointer through tmp + rename
+    it = mnt.path / "iter_0000009"
+    it.mkdir()
+    torch.save({"w": torch.ones(3)}, it / "model_optim_rng.pt")
+    (mnt.path / "tracker.tmp").write_text("9")
+    os.rename(mnt.path / "tracker.tmp", mnt.path / "latest_checkpointed_iteration.txt")
+    assert status(it) == "sealed"
+    mnt.kill()  # keep the journal uncompacted to read the order of operations
+    ops = journal_ops(mnt.path)
+    seal = next(i for i, e in enumerate(ops) if e["op"] == "group_seal" and e["path"] == "global_step7")
+    ptr = next(i for i, e in enumerate(ops) if e["op"] == "install" and e["path"] == "latest")
+    assert seal < ptr, "pointer journaled before the group it names was sealed"
+    seal9 = next(i for i, e in enumerate(ops) if e["op"] == "group_seal" and e["path"] == "iter_0000009")
+    ren = next(i for i, e in enumerate(ops) if e["op"] == "rename" and e["dst"].startswith("latest_check"))
+    assert seal9 < ren
+
+
+def test_pointer_to_group_with_open_file_fails(mnt: Mount) -> None:
+    g = mnt.path / "global_step3"
+    g.mkdir()
+    with open(g / "shard.pt", "wb") as f:
+        f.write(b"partial")
+        f.flush()
+        with pytest.raises(OSError) as ei:
+            (mnt.path / "latest").write_text("global_step3")
+        assert ei.value.errno == 5
+    assert not (mnt.path / "latest").exists()
+
+
+def test_dcp_metadata_rename_and_orbax_dir_rename_seal(mnt: Mount) -> None:
+    d = mnt.path / "dcp"
+    d.mkdir()
+    for r in range(2):
+        (d / f"__{r}_0.distcp").write_bytes(os.urandom(1000))
+    assert status(d) == "open"
+    (d / ".metadata.tmp").write_bytes(b"meta")
+    os.rename(d / ".metadata.tmp", d / ".metadata")
+    assert status(d) == "sealed"
+    assert json.loads(os.getxattr(d, "user.ckptfs.group"))["files"] == 3
+    tmp = mnt.path / "5.orbax-checkpoint-tmp-1234"
+    tmp.mkdir()
+    (tmp / "state").write_bytes(b"x" * 100)
+    os.rename(tmp, mnt.path / "5")
+    assert status(mnt.path / "5") == "sealed"
+
+
+def test_explicit_and_idle_seal(tmp_path: Path) -> None:
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    with Mount(d, extra_args=["--idle-seal", "1"]) as m:
+        (m.path / "custom").mkdir()
+        (m.path / "custom" / "a.bin").write_bytes(b"a")
+        r = cli("seal", str(m.path / "custom"))
+        assert "sealed" in r.stdout and status(m.path / "custom") == "sealed"
+        (m.path / "step_7").mkdir()
+        (m.path / "step_7" / "w.bin").write_bytes(b"w")
+        assert status(m.path / "step_7") == "open"
+        deadline = time.monotonic() + 20
+        while status(m.path / "step_7") != "sealed":
+            assert time.monotonic() < deadline, "idle seal never happened"
+            time.sleep(0.2)
+
+
+def test_config_rule_and_bad_config(tmp_path: Path) -> None:
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    (d / ".ckptfs.toml").write_text('[[group]]\nname = "mine"\npattern = "snap_\\\\d+"\nmarker = "DONE"\n')
+    with Mount(d) as m:
+        (m.path / "snap_3").mkdir()
+        (m.path / "snap_3" / "data").write_bytes(b"d")
+        assert status(m.path / "snap_3") == "open"
+        (m.path / "snap_3" / "DONE").write_bytes(b"")
+        assert status(m.path / "snap_3") == "sealed"
+    (d / ".ckptfs.toml").write_text("[[group]]\nmarker = 3\n")
+    r = cli("mount", str(d), check=False)
+    assert r.returncode == 2 and "bad group configuration" in r.stderr and "pattern" in r.stderr
+    assert not os.path.ismount(d)
+
+
+def test_retention_keeps_newest_and_milestones(tmp_path: Path) -> None:
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    with Mount(d, extra_args=["--keep-last", "2", "--keep-every", "100"]) as m:
+        for step in (50, 100, 150, 200, 250):
+            save_hf_like(m.path, step)
+        assert sorted(os.listdir(m.path)) == ["checkpoint-100", "checkpoint-200", "checkpoint-250"]
+        save_hf_like(m.path, 275)
+        assert sorted(os.listdir(m.path)) == ["checkpoint-100", "checkpoint-200", "checkpoint-250",
+                                              "checkpoint-275"]
+        # an open newer group blocks retention: nothing is deleted while it is unsealed
+        save_hf_like(m.path, 290, marker=False)
+        (m.path / "checkpoint-9").mkdir()  # an unrelated sibling group, open too
+        save_hf_like(m.path, 295)
+        assert "checkpoint-250" in os.listdir(m.path)
+        (m.path / "checkpoint-290" / "trainer_state.json").write_text("{}")
+        assert "checkpoint-250" in os.listdir(m.path)  # checkpoint-9 is still open
+        os.rmdir(m.path / "checkpoint-9")
+        save_hf_like(m.path, 299)
+        assert sorted(os.listdir(m.path)) == ["checkpoint-100", "checkpoint-200", "checkpoint-295",
+                                              "checkpoint-299"]
+        for step in (100, 200, 295, 299):
+            assert torch.equal(torch.load(m.path / f"checkpoint-{step}/model.pt")["w"],
+                               torch.full((64,), float(step)))
+
+
+def test_crash_during_retention_keeps_what_it_should(tmp_path: Path) -> None:
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    m = Mount(d, extra_args=["--keep-last", "2"])
+    m.start()
+    try:
+        save_hf_like(d, 1)
+        save_hf_like(d, 2)
+        m.stop()
+        m.env = {"CKPTFS_CRASH_AT": "retire_moved"}
+        m.start()
+        with pytest.raises(OSError):
+            save_hf_like(d, 3)  # sealing 3 retires 1; the daemon dies right after the move
+        assert m.wait_dead() is not None
+        m.kill()
+        m.env = None
+        m.start()
+        assert sorted(os.listdir(d)) == ["checkpoint-2", "checkpoint-3"]
+        for s in (2, 3):
+            assert status(d / f"checkpoint-{s}") == "sealed"
+            assert torch.equal(torch.load(d / f"checkpoint-{s}/model.pt")["w"], torch.full((64,), float(s)))
+    finally:
+        m.stop()
+    assert not os.listdir(d / META_DIR / "trash")
+
+
+def test_verify_unmounted_detects_modified_file(tmp_path: Path) -> None:
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    with Mount(d) as m:
+        save_hf_like(m.path, 1)
+        save_hf_like(m.path, 2)
+        r = cli("verify", str(m.path))
+        assert "verified 2 groups, 6 files: OK" in r.stdout
+    assert "verified 2 groups, 6 files: OK" in cli("verify", str(d)).stdout
+    assert "verified 1 groups, 3 files: OK" in cli("verify", str(d / "checkpoint-2")).stdout
+    f = d / "checkpoint-2" / "optimizer.pt"
+    b = bytearray(f.read_bytes())
+    b[100] ^= 0x01
+    f.write_bytes(bytes(b))
+    r = cli("verify", str(d), check=False)
+    assert r.returncode == 1 and "checkpoint-2/optimizer.pt" in r.stderr
+    shown = json.loads(cli("show", str(d / "checkpoint-1")).stdout)
+    assert shown["lineage"]["step"] == 1 and shown["state"] == "sealed"
+    assert sorted(shown["manifest_files"]) == ["model.pt", "optimizer.pt", "trainer_state.json"]
