@@ -809,7 +809,11 @@ class CkptFS(GroupOps):
             if self.store.exists(path):
                 if stat.S_ISDIR(self.store.lstat(path).st_mode):
                     raise _err(errno.EISDIR)
-                self._ns_op({"op": "unlink", "path": path}, lambda: self.store.unlink(path), [parent(path)])
+                g = self._deferring_group(path)
+                if g is not None:
+                    self._defer_delete(g, path)
+                else:
+                    self._ns_op({"op": "unlink", "path": path}, lambda: self.store.unlink(path), [parent(path)])
             elif v is None:
                 raise _err(errno.ENOENT)
             with self.lock:

@@ -17,6 +17,10 @@ G6  A pointer (``latest``, ``latest_checkpointed_iteration.txt``, a symlink)
 G7  A torn group (never sealed; its writers gone) is moved out of the
     namespace into ``.ckptfs/quarantine`` by a journaled operation, so the
     path shows what it held before the group was opened: nothing.
+G9  A deletion inside a sealed group while a sibling group in the same
+    directory is still open is deferred (the rotation trap): the files move
+    into ``.ckptfs/trash/<id>`` by journaled renames; they are deleted when a
+    newer sibling seals, and put back by recovery if none did.
 G8  Retention runs only after a seal, only when no group in that directory is
     open, always keeps the newest sealed group, and moves a retired group out
     of the namespace by one journaled rename before deleting it.
@@ -40,6 +44,7 @@ from .groups import (
     SEALED,
     TORN,
     TRASH,
+    TRASHED,
     GroupState,
     build_manifest,
     lineage,
@@ -47,7 +52,7 @@ from .groups import (
     remove_seal,
     write_seal,
 )
-from .recovery import drop_prefix, move_group, parent, quarantine_target, rmtree
+from .recovery import drop_prefix, move_group, move_prefix, parent, quarantine_target, rmtree
 from .rules import Rule, parent_and_base, step_of
 
 log = logging.getLogger("ckptfs.groups")
@@ -185,6 +190,7 @@ class GroupOps:
         g.files, g.bytes, g.seal_requested = len(files), nbytes, ""
         self.stats["groups_sealed"] += 1
         log.info("sealed group %s (%d files, %d bytes) on %s", g.path, len(files), nbytes, event)
+        self._purge_trashed(parent(g.path), g)
         self._apply_retention(parent(g.path))
         return True
 
@@ -325,6 +331,69 @@ class GroupOps:
             else:
                 self._quarantine(g, TORN, g.reason or "not sealed when the filesystem was unmounted")
 
+    # ------------------------------------------------------- deferred delete
+    def _newer_open_sibling(self, g: GroupState) -> bool:
+        d = parent(g.path)
+        return any(s.state == OPEN and s is not g and parent(s.path) == d for s in self.groups.values())
+
+    def _deferring_group(self, path: str) -> GroupState | None:
+        """The group whose deletion of ``path`` must be deferred (G9), if any."""
+        parts = path.split("/")
+        for i in range(1, len(parts)):
+            g = self.groups.get("/".join(parts[:i]))
+            if g is None:
+                continue
+            if g.state == TRASHED and not g.moved_to.startswith(QUARANTINE):
+                return g
+            if g.state == SEALED and self._newer_open_sibling(g):
+                return g
+            if g.state in (OPEN, SEALED):
+                return None
+        return None
+
+    def _defer_delete(self, g: GroupState, path: str) -> None:
+        """Move ``path`` (a file in sealed group g) into g's trash instead of deleting it.
+        Caller holds commit_lock."""
+        to = f"{TRASH}/{g.id}"
+        if g.state != TRASHED:
+            self.journal.append({"op": "group_trash", "path": g.path, "to": to}, sync=False)
+            g.state, g.moved_to = TRASHED, to
+            g.reason = "deleted while a newer group was still open; kept until it seals"
+            log.info("deferring deletion of %s until a newer sibling seals", g.path)
+        dst = f"{to}/{path[len(g.path) + 1:]}"
+        missing = []
+        p = parent(dst)
+        while p and not self.store.exists(p):
+            missing.append(p)
+            p = parent(p)
+        for d in reversed(missing):
+            self.store.mkdir(d, 0o700)
+            self.store.fsync_dir(parent(d))
+        self._ns_op({"op": "rename", "src": path, "dst": dst}, lambda: self.store.rename(path, dst),
+                    [parent(path), parent(dst)])
+        with self.lock:
+            move_prefix(self.records, path, dst)
+        self.stats["deferred_deletes"] += 1
+
+    def _purge_trashed(self, d: str, newer: GroupState) -> None:
+        """A group sealed in ``d``: deferred deletions of older siblings happen now (G9)."""
+        key = (newer.step if newer.step is not None else -1, newer.sealed_at)
+        for g in [g for g in self.groups.values() if g.state == TRASHED and parent(g.path) == d
+                  and g.moved_to.startswith(TRASH)]:
+            if (g.step if g.step is not None else -1, g.sealed_at) > key:
+                continue
+            self.journal.append({"op": "group_forget", "path": g.path})
+            with self.lock:
+                drop_prefix(self.records, g.moved_to)
+                if self.groups.get(g.path) is g:
+                    del self.groups[g.path]
+            try:
+                remove_seal(self.store, g.id)
+                rmtree(self.store, g.moved_to)
+            except OSError as e:
+                log.warning("could not delete %s (recovery/gc will): %s", g.moved_to, e)
+            self.stats["deferred_deletes_done"] += 1
+
     # ------------------------------------------------------------- retention
     def _apply_retention(self, d: str) -> None:
         """G8.  Caller holds commit_lock."""
@@ -415,7 +484,7 @@ class GroupOps:
         with self.lock:
             g = self.groups.get(path)
             if g is None or g.state not in (OPEN, SEALED):
-                return
+                return  # a TRASHED group stays known until purged or restored (G9)
             del self.groups[path]
         try:
             remove_seal(self.store, g.id)

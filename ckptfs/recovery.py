@@ -93,6 +93,11 @@ def apply_group_entry(files: dict[str, FileRecord], groups: dict[str, GroupState
             del groups[k]
     elif op == "group_forget":
         groups.pop(e["path"], None)
+    elif op == "group_trash":
+        g = groups.get(e["path"])
+        if g is not None:
+            g.state, g.moved_to = TRASHED, e["to"]
+            g.reason = "deleted while a newer group was still open"
     elif op == "rename":
         live = {k: v for k, v in groups.items() if v.state in (OPEN, SEALED)}
         for k in live:
@@ -146,7 +151,7 @@ def settle_groups(store: BackingStore, files: dict[str, FileRecord], groups: dic
     """Quarantine torn (still open) and corrupt (unverifiable) groups; purge trash."""
     notes: list[str] = []
     for path, g in list(groups.items()):
-        if g.state in (TORN, CORRUPT):
+        if g.state in (TORN, CORRUPT, TRASHED):
             continue
         target = quarantine_target(g)
         if g.state == OPEN:
@@ -170,10 +175,57 @@ def settle_groups(store: BackingStore, files: dict[str, FileRecord], groups: dic
         g.state, g.moved_to, g.reason = state, target, reason
         notes.append(f"{path}: {state} ({reason}) -> {target}")
         log.warning("group %s is %s: %s; moved to %s", path, state, reason, target)
+    notes += _settle_trashed(store, files, groups)
     if store.exists(TRASH):
+        keep = {g.moved_to for g in groups.values() if g.state == TRASHED}
         for name in store.listdir(TRASH):
-            rmtree(store, f"{TRASH}/{name}")
+            if f"{TRASH}/{name}" not in keep:
+                rmtree(store, f"{TRASH}/{name}")
     return notes
+
+
+def _settle_trashed(store: BackingStore, files: dict[str, FileRecord], groups: dict[str, GroupState]) -> list[str]:
+    """Deferred deletions (group_ops G9): purge if a newer sibling sealed, else put the group back."""
+    notes: list[str] = []
+    for path, g in list(groups.items()):
+        if g.state != TRASHED:
+            continue
+        key = (g.step if g.step is not None else -1, g.sealed_at)
+        newer = any(s.state == SEALED and parent(s.path) == parent(path)
+                    and (s.step if s.step is not None else -1, s.sealed_at) > key for s in groups.values())
+        if newer or store.exists(path) and not _restorable(store, path, g.moved_to):
+            del groups[path]
+            drop_prefix(files, g.moved_to)
+            rmtree(store, g.moved_to)
+            notes.append(f"{path}: deferred deletion completed")
+            continue
+        _move_tree_back(store, g.moved_to, path)
+        move_prefix(files, g.moved_to, path)
+        g.state, g.moved_to, g.reason = SEALED, "", ""
+        notes.append(f"{path}: restored (its deletion waited for a newer group that never sealed)")
+        log.warning("group %s restored: deleted while a newer group was open, which never sealed", path)
+    return notes
+
+
+def _restorable(store: BackingStore, path: str, trash: str) -> bool:
+    """The group directory still exists: restorable if no trashed name is occupied again."""
+    return all(not store.exists(f"{path}/{n}") for n in (store.listdir(trash) if store.exists(trash) else []))
+
+
+def _move_tree_back(store: BackingStore, src: str, dst: str) -> None:
+    if not store.exists(dst):
+        store.mkdir(dst, 0o755)
+        store.fsync_dir(parent(dst))
+    if not store.exists(src):
+        return
+    for name in store.listdir(src):
+        s, d = f"{src}/{name}", f"{dst}/{name}"
+        if stat.S_ISDIR(store.lstat(s).st_mode):
+            _move_tree_back(store, s, d)
+        elif not store.exists(d):
+            store.rename(s, d)
+    store.fsync_dir(dst)
+    rmtree(store, src)
 
 
 def rmtree(store: BackingStore, path: str) -> None:
@@ -250,7 +302,7 @@ def finish_inflight(store: BackingStore, e: dict) -> bool:
             store.symlink(e["target"], e["path"])
             store.fsync_dir(parent(e["path"]))
         return True
-    if op in ("group_open", "group_seal", "group_forget"):
+    if op in ("group_open", "group_seal", "group_forget", "group_trash"):
         return True  # state-only entries (a seal's COMMIT is durable before its entry)
     if op in ("group_quarantine", "group_retire"):
         move_group(store, e["path"], e["to"])

@@ -290,3 +290,36 @@ def test_verify_unmounted_detects_modified_file(tmp_path: Path) -> None:
     shown = json.loads(cli("show", str(d / "checkpoint-1")).stdout)
     assert shown["lineage"]["step"] == 1 and shown["state"] == "sealed"
     assert sorted(shown["manifest_files"]) == ["model.pt", "optimizer.pt", "trainer_state.json"]
+
+
+def test_rotation_before_new_group_seals_is_deferred(tmp_path: Path) -> None:
+    """The rotation trap: deleting the only sealed group while the next one is open."""
+    import shutil
+
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    m = Mount(d)
+    m.start()
+    try:
+        save_hf_like(d, 1)
+        save_hf_like(d, 2, marker=False)
+        shutil.rmtree(d / "checkpoint-1")  # the app rotates too early
+        assert os.listdir(d) == ["checkpoint-2"]
+        m.kill()  # ... and checkpoint-2 never completes
+        m.start()
+        assert os.listdir(d) == ["checkpoint-1"]
+        assert status(d / "checkpoint-1") == "sealed"
+        assert torch.equal(torch.load(d / "checkpoint-1/model.pt")["w"], torch.full((64,), 1.0))
+        # now the same with the newer group sealing: the deferred deletion happens then
+        save_hf_like(d, 2, marker=False)
+        shutil.rmtree(d / "checkpoint-1")
+        (d / "checkpoint-2" / "trainer_state.json").write_text("{}")
+        stats = json.loads(os.getxattr(d, "user.ckptfs.stats"))
+        assert stats["deferred_deletes"] == 3 and stats["deferred_deletes_done"] == 1
+        assert os.listdir(d) == ["checkpoint-2"]
+        m.kill()
+        m.start()
+        assert os.listdir(d) == ["checkpoint-2"]
+    finally:
+        m.stop()
+    assert not os.listdir(d / META_DIR / "trash")
