@@ -768,6 +768,7 @@ class CkptFS(GroupOps):
                 raise _err(errno.ENOTEMPTY)
             self._ns_op({"op": "rmdir", "path": path}, lambda: self.store.rmdir(path), [parent(path)])
             self._forget_group_dir(path)
+            self._deletion_done(path)
 
     def symlink(self, target: str, path: str, caller: Caller = NOBODY) -> None:
         path = self.norm(path)
@@ -792,7 +793,7 @@ class CkptFS(GroupOps):
             with self.lock:
                 self.records.pop(path, None)
 
-    def unlink(self, path: str) -> None:
+    def unlink(self, path: str, caller: Caller = NOBODY) -> None:
         path = self.norm(path)
         self._check_visible(path)
         self._barrier()
@@ -811,7 +812,7 @@ class CkptFS(GroupOps):
                     raise _err(errno.EISDIR)
                 g = self._deferring_group(path)
                 if g is not None:
-                    self._defer_delete(g, path)
+                    self._defer_delete(g, path, caller.pid)
                 else:
                     self._ns_op({"op": "unlink", "path": path}, lambda: self.store.unlink(path), [parent(path)])
             elif v is None:

@@ -118,7 +118,7 @@ def make_operations(mfusepy: Any, fs: CkptFS) -> Any:
             return 0
 
         def unlink(self, path: str) -> int:
-            fs.unlink(path)
+            fs.unlink(path, caller())
             return 0
 
         def rename(self, old: str, new: str, flags: int = 0) -> int:

@@ -302,15 +302,28 @@ class GroupOps:
             g.reason = f"writer killed: {why}"
 
     def _sweep_children(self, d: str) -> None:
-        """Before listing ``d``: quarantine torn groups directly inside it."""
+        """Before listing ``d``: quarantine torn groups and settle abandoned deletions inside it."""
         pre = d + "/" if d else ""
-        for g in [g for g in self.groups.values() if g.state == OPEN and g.path.startswith(pre)
+        for g in [g for g in self.groups.values() if g.state in (OPEN, TRASHED) and g.path.startswith(pre)
                   and "/" not in g.path[len(pre):]]:
-            self._check_torn(g)
+            if g.state == OPEN:
+                self._check_torn(g)
+            else:
+                self._check_abandoned_delete(g)
+
+    def _check_abandoned_delete(self, g: GroupState) -> None:
+        if not g.pids or any(procinfo.is_alive(p) for p in g.pids) or not self.store.exists(g.path):
+            return
+        self._barrier()
+        with self.commit_lock:
+            if g.state == TRASHED and self.groups.get(g.path) is g:
+                self._settle_deleting(g)
 
     def housekeeping(self) -> None:
         """Periodic: idle-seal groups whose rule allows it, quarantine torn ones."""
         now = time.time()
+        for g in [g for g in self.groups.values() if g.state == TRASHED]:
+            self._check_abandoned_delete(g)
         for g in [g for g in self.groups.values() if g.state == OPEN]:
             if self._check_torn(g):
                 continue
@@ -345,21 +358,25 @@ class GroupOps:
                 continue
             if g.state == TRASHED and not g.moved_to.startswith(QUARANTINE):
                 return g
-            if g.state == SEALED and self._newer_open_sibling(g):
+            if g.state == SEALED:
                 return g
             if g.state in (OPEN, SEALED):
                 return None
         return None
 
-    def _defer_delete(self, g: GroupState, path: str) -> None:
+    def _defer_delete(self, g: GroupState, path: str, pid: int = 0) -> None:
         """Move ``path`` (a file in sealed group g) into g's trash instead of deleting it.
-        Caller holds commit_lock."""
+
+        The first deletion inside a sealed group starts the deletion of the whole group: a
+        rotation killed half-way is finished by recovery (or the live sweep) once a newer
+        sibling is sealed, and undone if none is.  Caller holds commit_lock."""
         to = f"{TRASH}/{g.id}"
         if g.state != TRASHED:
             self.journal.append({"op": "group_trash", "path": g.path, "to": to}, sync=False)
             g.state, g.moved_to = TRASHED, to
-            g.reason = "deleted while a newer group was still open; kept until it seals"
-            log.info("deferring deletion of %s until a newer sibling seals", g.path)
+            g.pids = [procinfo.tgid(pid)] if pid else []
+            g.reason = "being deleted"
+            log.info("deletion of group %s started", g.path)
         dst = f"{to}/{path[len(g.path) + 1:]}"
         missing = []
         p = parent(dst)
@@ -375,24 +392,56 @@ class GroupOps:
             move_prefix(self.records, path, dst)
         self.stats["deferred_deletes"] += 1
 
+    def _has_newer_sealed(self, g: GroupState) -> bool:
+        key = (g.step if g.step is not None else -1, g.sealed_at)
+        d = parent(g.path)
+        return any(s.state == SEALED and parent(s.path) == d
+                   and (s.step if s.step is not None else -1, s.sealed_at) > key for s in self.groups.values())
+
+    def _deletion_done(self, path: str) -> None:
+        """rmdir of a group being deleted (commit_lock held): purge now unless a newer sibling is open."""
+        g = self.groups.get(path)
+        if g is not None and g.state == TRASHED and not self._newer_open_sibling(g):
+            self._purge(g)
+
+    def _settle_deleting(self, g: GroupState) -> None:
+        """Live sweep: the process deleting g died half-way.  Finish the deletion if a newer sibling
+        is sealed, else put the group back (G9).  Caller holds commit_lock."""
+        if self._newer_open_sibling(g):
+            return
+        if self._has_newer_sealed(g):
+            rmtree(self.store, g.path)
+            self._purge(g)
+        else:
+            from .recovery import _move_tree_back
+            _move_tree_back(self.store, g.moved_to, g.path)
+            self.journal.append({"op": "group_restore", "path": g.path})
+            with self.lock:
+                move_prefix(self.records, g.moved_to, g.path)
+            g.state, g.moved_to, g.reason = SEALED, "", ""
+            log.warning("group %s restored: its deletion stopped half-way and no newer group is sealed", g.path)
+
+    def _purge(self, g: GroupState) -> None:
+        self.journal.append({"op": "group_forget", "path": g.path})
+        with self.lock:
+            drop_prefix(self.records, g.moved_to)
+            if self.groups.get(g.path) is g:
+                del self.groups[g.path]
+        try:
+            remove_seal(self.store, g.id)
+            rmtree(self.store, g.moved_to)
+        except OSError as e:
+            log.warning("could not delete %s (recovery/gc will): %s", g.moved_to, e)
+        self.stats["deferred_deletes_done"] += 1
+
     def _purge_trashed(self, d: str, newer: GroupState) -> None:
-        """A group sealed in ``d``: deferred deletions of older siblings happen now (G9)."""
+        """A group sealed in ``d``: deletions of older siblings that waited for it happen now (G9)."""
         key = (newer.step if newer.step is not None else -1, newer.sealed_at)
         for g in [g for g in self.groups.values() if g.state == TRASHED and parent(g.path) == d
                   and g.moved_to.startswith(TRASH)]:
-            if (g.step if g.step is not None else -1, g.sealed_at) > key:
-                continue
-            self.journal.append({"op": "group_forget", "path": g.path})
-            with self.lock:
-                drop_prefix(self.records, g.moved_to)
-                if self.groups.get(g.path) is g:
-                    del self.groups[g.path]
-            try:
-                remove_seal(self.store, g.id)
-                rmtree(self.store, g.moved_to)
-            except OSError as e:
-                log.warning("could not delete %s (recovery/gc will): %s", g.moved_to, e)
-            self.stats["deferred_deletes_done"] += 1
+            if (g.step if g.step is not None else -1, g.sealed_at) > key or self.store.exists(g.path):
+                continue  # newer than the sealed one, or still being deleted
+            self._purge(g)
 
     # ------------------------------------------------------------- retention
     def _apply_retention(self, d: str) -> None:

@@ -93,6 +93,11 @@ def apply_group_entry(files: dict[str, FileRecord], groups: dict[str, GroupState
             del groups[k]
     elif op == "group_forget":
         groups.pop(e["path"], None)
+    elif op == "group_restore":
+        g = groups.get(e["path"])
+        if g is not None and g.state == TRASHED:
+            move_prefix(files, g.moved_to, g.path)
+            g.state, g.moved_to, g.reason = SEALED, "", ""
     elif op == "group_trash":
         g = groups.get(e["path"])
         if g is not None:
@@ -193,11 +198,13 @@ def _settle_trashed(store: BackingStore, files: dict[str, FileRecord], groups: d
         key = (g.step if g.step is not None else -1, g.sealed_at)
         newer = any(s.state == SEALED and parent(s.path) == parent(path)
                     and (s.step if s.step is not None else -1, s.sealed_at) > key for s in groups.values())
-        if newer or store.exists(path) and not _restorable(store, path, g.moved_to):
+        if newer:
             del groups[path]
             drop_prefix(files, g.moved_to)
+            drop_prefix(files, path)
+            rmtree(store, path)  # what the interrupted deletion had not reached yet
             rmtree(store, g.moved_to)
-            notes.append(f"{path}: deferred deletion completed")
+            notes.append(f"{path}: interrupted deletion completed")
             continue
         _move_tree_back(store, g.moved_to, path)
         move_prefix(files, g.moved_to, path)
@@ -205,11 +212,6 @@ def _settle_trashed(store: BackingStore, files: dict[str, FileRecord], groups: d
         notes.append(f"{path}: restored (its deletion waited for a newer group that never sealed)")
         log.warning("group %s restored: deleted while a newer group was open, which never sealed", path)
     return notes
-
-
-def _restorable(store: BackingStore, path: str, trash: str) -> bool:
-    """The group directory still exists: restorable if no trashed name is occupied again."""
-    return all(not store.exists(f"{path}/{n}") for n in (store.listdir(trash) if store.exists(trash) else []))
 
 
 def _move_tree_back(store: BackingStore, src: str, dst: str) -> None:
@@ -302,7 +304,7 @@ def finish_inflight(store: BackingStore, e: dict) -> bool:
             store.symlink(e["target"], e["path"])
             store.fsync_dir(parent(e["path"]))
         return True
-    if op in ("group_open", "group_seal", "group_forget", "group_trash"):
+    if op in ("group_open", "group_seal", "group_forget", "group_trash", "group_restore"):
         return True  # state-only entries (a seal's COMMIT is durable before its entry)
     if op in ("group_quarantine", "group_retire"):
         move_group(store, e["path"], e["to"])

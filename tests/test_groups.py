@@ -323,3 +323,36 @@ def test_rotation_before_new_group_seals_is_deferred(tmp_path: Path) -> None:
     finally:
         m.stop()
     assert not os.listdir(d / META_DIR / "trash")
+
+
+DELETER = r"""
+import os, sys, time
+g = sys.argv[1]
+os.unlink(os.path.join(g, "trainer_state.json"))
+print("ready", flush=True)
+time.sleep(60)  # killed half-way through the rotation
+"""
+
+
+@pytest.mark.parametrize("newer_sealed", [True, False])
+def test_rotation_killed_half_way(mnt: Mount, newer_sealed: bool) -> None:
+    """A half-deleted sealed group is never left visible: finished if a newer group is sealed,
+    restored whole otherwise."""
+    save_hf_like(mnt.path, 1)
+    if newer_sealed:
+        save_hf_like(mnt.path, 2)
+    p = subprocess.Popen([sys.executable, "-c", DELETER, str(mnt.path / "checkpoint-1")], stdout=subprocess.PIPE,
+                         text=True, env=_env())
+    try:
+        assert p.stdout.readline().strip() == "ready"
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    want = ["checkpoint-2"] if newer_sealed else ["checkpoint-1"]
+    assert sorted(os.listdir(mnt.path)) == want
+    for name in want:
+        assert status(mnt.path / name) == "sealed"
+        assert (mnt.path / name / "trainer_state.json").exists()
+    mnt.kill()
+    mnt.start()
+    assert sorted(os.listdir(mnt.path)) == want
