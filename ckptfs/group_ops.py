@@ -139,6 +139,10 @@ class GroupOps:
                     if not self._groupable(d):
                         return
                     g = self._open_group(d, rule, pid)
+        if self._rule_of(g).idle_seal and os.path.dirname(path) == g.path:
+            crule = self.rules.content_rule(os.path.basename(path))
+            if crule is not None and crule.has_completion_event and not crule.idle_seal:
+                g.rule = crule.name  # e.g. DCP shards in a step_N dir: wait for .metadata, never idle-seal
         if g.state == SEALED:
             with self.commit_lock:
                 if g.state == SEALED:

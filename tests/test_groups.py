@@ -356,3 +356,17 @@ def test_rotation_killed_half_way(mnt: Mount, newer_sealed: bool) -> None:
     mnt.kill()
     mnt.start()
     assert sorted(os.listdir(mnt.path)) == want
+
+
+def test_dcp_shards_in_step_dir_never_idle_sealed(tmp_path: Path) -> None:
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    with Mount(d, extra_args=["--idle-seal", "0.5"]) as m:
+        g = m.path / "step_4"
+        g.mkdir()
+        (g / "__0_0.distcp").write_bytes(b"s" * 100)
+        time.sleep(2.5)  # well past the idle interval: a DCP group still waits for .metadata
+        assert status(g) == "open"
+        assert json.loads(os.getxattr(g, "user.ckptfs.group"))["rule"] == "dcp"
+        (g / ".metadata").write_bytes(b"m")
+        assert status(g) == "sealed"
