@@ -1,4 +1,4 @@
-"""Command line: ``ckptfs mount|umount|recover|status``.
+"""Command line: ``ckptfs mount|umount|recover|status`` (+ ``verify|scrub|forget``, cli_integrity.py).
 
 Every user error ends in one line ``ckptfs: error: ...`` and exit status 2
 (1 for operational failures), never a traceback.
@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-from . import META_DIR, __version__
+from . import META_DIR, __version__, cli_integrity
 from .backing import OsBackingStore
 
 log = logging.getLogger("ckptfs")
@@ -144,6 +144,7 @@ def spawn_daemon(a: argparse.Namespace, d: str) -> int:
         argv.append("--no-format-check")
     if a.allow_other:
         argv.append("--allow-other")
+    argv += cli_integrity.mount_argv(a)
     env = dict(os.environ, CKPTFS_READY_FD=str(wfd))
     pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = pkg_root + os.pathsep + env.get("PYTHONPATH", "")
@@ -173,7 +174,7 @@ def run_foreground(a: argparse.Namespace, d: str, backing: str) -> int:
         setup_logging(store, a.debug)
         try:
             fs = CkptFS(store, commit_mode=a.commit, check_formats=not a.no_format_check,
-                        backing_label=backing)
+                        backing_label=backing, **cli_integrity.fs_kwargs(a))
         except CorruptMetadata as e:
             raise CliError(f"{backing}: {e}; run 'ckptfs recover --rebuild {backing}'", 1) from None
         log.info("ckptfs %s serving %s (backing %s, commit=%s)", __version__, d, backing, a.commit)
@@ -273,7 +274,7 @@ def cmd_status(a: argparse.Namespace) -> int:
     if is_ckptfs_mount(d):
         attrs = {n: os.getxattr(d, n).decode() for n in os.listxattr(d) if n.startswith("user.ckptfs.")}
         out = {k.removeprefix("user.ckptfs."): v for k, v in attrs.items()}
-        for k in ("stats", "aborts"):
+        for k in ("stats", "aborts", "corrupt", "metadata", "scrub"):
             if k in out:
                 out[k] = json.loads(out[k])
         out["mounted"] = True
@@ -307,6 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="commit any file closed by a live process, complete or not")
     m.add_argument("--allow-other", action="store_true", help="let other users access the mount")
     m.add_argument("--debug", action="store_true")
+    cli_integrity.add_mount_args(m)
     m.set_defaults(func=cmd_mount)
 
     u = sub.add_parser("umount", help="unmount, waiting for pending commits")
@@ -323,6 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("status", help="daemon state, commits and aborted versions")
     s.add_argument("dir")
     s.set_defaults(func=cmd_status)
+    cli_integrity.register(sub)
     return p
 
 

@@ -36,6 +36,7 @@ from typing import Any
 from . import META_DIR, __version__, crashpoints, formats, procinfo
 from .backing import BackingStore
 from .hashing import digest_fd
+from .integrity import CONTROL_XATTR, Integrity
 from .journal import STAGING, Journal
 from .records import FileRecord
 from .recovery import move_prefix, parent, recover
@@ -78,6 +79,10 @@ class CkptFS:
         max_backlog: int = 64,
         max_backlog_bytes: int = 16 << 30,
         backing_label: str = "",
+        on_corrupt: str = "eio",
+        keep_generations: int = 1,
+        scrub_interval: float = 0.0,
+        scrub_rate_mb: float = 64.0,
     ) -> None:
         if commit_mode not in ("sync", "async"):
             raise ValueError("commit_mode must be 'sync' or 'async'")
@@ -101,6 +106,11 @@ class CkptFS:
         self._as_root = hasattr(os, "geteuid") and os.geteuid() == 0
         self.shut_down = False
         self.committer = _Committer(self, max_backlog, max_backlog_bytes) if commit_mode == "async" else None
+        # verify-on-read, kept generations, scrub (integrity.py)
+        self.integrity = Integrity(self, on_corrupt=on_corrupt, keep_generations=keep_generations,
+                                   scrub_interval=scrub_interval, scrub_rate_mb=scrub_rate_mb,
+                                   generations=self.recovery.generations,
+                                   metadata_problems=self.recovery.problems)
         log.info("recovery: %s", self.recovery.summary())
 
     # ------------------------------------------------------------------ util
@@ -140,6 +150,7 @@ class CkptFS:
         """Finish queued commits, discard open versions' staging, close fds."""
         if self.shut_down:
             return
+        self.integrity.stop()
         if self.committer:
             self.committer.stop()
         with self.commit_lock, self.lock:
@@ -180,6 +191,10 @@ class CkptFS:
                 return self._st(self.store.fstat(v.fd))
             except OSError:
                 pass  # installed concurrently: fall through to the backing path
+        else:
+            ov = self.integrity.stat_override(path)  # rollback policy: the kept generation served
+            if ov is not None:
+                return self._st(ov)
         return self._st(self.store.lstat(path))
 
     def readdir(self, path: str) -> list[str]:
@@ -286,7 +301,8 @@ class CkptFS:
         st = self.store.lstat(path)
         if stat.S_ISDIR(st.st_mode):
             raise _err(errno.EISDIR)
-        fd = self.store.open(path, os.O_RDONLY)
+        fd, chk = self.integrity.open_committed(path, self.store.open(path, os.O_RDONLY))  # EIO if corrupt
+        self.integrity.bind(fd, chk)
         return self._new_fh(Handle(path=path, writable=writable, fd=fd, append=bool(flags & os.O_APPEND)))
 
     def _writable_version(self, h: Handle, caller: Caller) -> Version:
@@ -304,6 +320,7 @@ class CkptFS:
                 nv = self._new_version(h.path, self.store.fstat(v.fd).st_mode, caller, src=v)
             else:
                 assert h.fd is not None
+                self.integrity.before_clone(h.fd)  # never launder corrupt bytes into a new commit
                 nv = self._new_version(h.path, self.store.fstat(h.fd).st_mode, caller, src_fd=h.fd)
             with self.lock:
                 if v is not None:
@@ -311,6 +328,7 @@ class CkptFS:
                     v.writers -= 1
                     self._maybe_close(v)
                 else:
+                    self.integrity.forget(h.fd)
                     self.store.close(h.fd)
                     h.fd = None
                 cur = self.pending.get(h.path)
@@ -324,9 +342,10 @@ class CkptFS:
     # ------------------------------------------------------------- data I/O
     def read(self, fh: int, size: int, offset: int) -> bytes:
         h = self._handle(fh)
-        fd = h.version.fd if h.version is not None else h.fd
-        assert fd is not None
-        return self.store.pread(fd, size, offset)
+        if h.version is not None:
+            return self.store.pread(h.version.fd, size, offset)
+        assert h.fd is not None
+        return self.integrity.read(h.fd, size, offset)  # verified chunks only
 
     def write(self, fh: int, data: bytes, offset: int, caller: Caller = NOBODY) -> int:
         h = self._handle(fh)
@@ -435,11 +454,19 @@ class CkptFS:
         rec = dataclasses.replace(rec, generation=prev.generation + 1 if prev else 1)
         self.store.fsync(v.fd)
         crashpoints.hit("stage_synced")
-        mark = self.journal.append({"op": "install", "path": v.path, "staging": v.staging, "rec": rec.to_json()})
+        keep = self.integrity.keep_plan(v.path, prev)  # previous generation kept (generations.py)
+        entry = {"op": "install", "path": v.path, "staging": v.staging, "rec": rec.to_json()}
+        if keep:
+            entry["keep"] = keep
+        mark = self.journal.append(entry)
         crashpoints.hit("intent_logged")
         try:
+            if keep:
+                self.integrity.gens.link(v.path, keep)
             self.store.rename(v.staging, v.path)
         except OSError:
+            if keep:
+                self.integrity.gens.unlink_quiet(keep)
             self.journal.retract(mark)
             raise
         crashpoints.hit("installed")
@@ -448,15 +475,16 @@ class CkptFS:
         except OSError as e:
             # The new version is in place but its durability is unknown: keep
             # the in-memory state truthful and fail the caller (never re-fsync).
-            self._installed(v, rec)
+            self._installed(v, rec, keep)
             v.error = e
             raise
         crashpoints.hit("dir_synced")
-        self._installed(v, rec)
+        self._installed(v, rec, keep)
         self._maybe_compact()
 
-    def _installed(self, v: Version, rec: FileRecord) -> None:
+    def _installed(self, v: Version, rec: FileRecord, keep: dict | None = None) -> None:
         with self.lock:
+            self.integrity.gens.installed(v.path, keep)
             self.records[v.path] = rec
             v.record = rec
             v.state = "installed"
@@ -572,6 +600,7 @@ class CkptFS:
         if h is None:
             return
         if h.fd is not None:
+            self.integrity.forget(h.fd)
             self.store.close(h.fd)
         v = h.version
         if v is None:
@@ -708,6 +737,7 @@ class CkptFS:
             with self.lock:
                 self.records.pop(path, None)
                 self.last_abort.pop(path, None)
+                self.integrity.gens.on_unlink(path)
 
     def rename(self, old: str, new: str, flags: int = 0) -> None:
         old, new = self.norm(old), self.norm(new)
@@ -739,6 +769,7 @@ class CkptFS:
                     for k in [k for k in self.records if k == new or k.startswith(pre)]:
                         del self.records[k]
                     move_prefix(self.records, old, new)
+                    self.integrity.gens.on_rename(old, new)
                 displaced = self.pending.get(new)
                 if displaced is not None and displaced.state == "open":
                     displaced.unlinked = True
@@ -787,6 +818,7 @@ class CkptFS:
                 "user.ckptfs.backing": self.backing_label,
                 "user.ckptfs.stats": json.dumps(dict(self.stats), sort_keys=True),
                 "user.ckptfs.aborts": json.dumps(list(self.aborts)[-10:]),
+                **self.integrity.root_attrs(),
             }
         out: dict[str, str] = {}
         v = self._visible(path)
@@ -806,6 +838,8 @@ class CkptFS:
             })
         if path in self.last_abort:
             out["user.ckptfs.last_abort"] = self.last_abort[path]
+        if v is None:
+            out.update(self.integrity.file_attrs(path))  # status=corrupt, error, verified, rollback
         return out
 
     def getxattr(self, path: str, name: str) -> bytes:
@@ -833,6 +867,9 @@ class CkptFS:
     def setxattr(self, path: str, name: str, value: bytes, flags: int) -> None:
         path = self.norm(path)
         self._check_visible(path)
+        if name == CONTROL_XATTR:
+            self.integrity.control(path, value)  # verify / scrub on demand (integrity.py)
+            return
         if name.startswith(XATTR_PREFIX):
             raise _err(errno.EPERM)
         self.store.setxattr(self._attr_target(path), name, value, flags)
