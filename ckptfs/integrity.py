@@ -195,10 +195,14 @@ class Integrity:
         if prev is None or self.gens.keep <= 0:
             return None
         try:
-            if self.store.lstat(path).st_ino != prev.ino:
-                return None  # the path does not hold the recorded version: nothing to keep
+            st = self.store.lstat(path)
         except OSError:
             return None
+        if st.st_ino != prev.ino:
+            return None  # the path does not hold the recorded version: nothing to keep
+        s = self.states.get(version_key(st, prev))
+        if s is not None and s.bad is not None:
+            return None  # known corrupt: never a rollback target
         return self.gens.plan(prev)
 
     # ---------------------------------------------------------- open/read
