@@ -279,16 +279,21 @@ def cmd_status(a: argparse.Namespace) -> int:
                 out[k] = json.loads(out[k])
         out["mounted"] = True
     else:
-        from .journal import Journal
+        from .journal import CorruptMetadata, Journal
+        from .metadata import load_trusted
 
         store = OsBackingStore(d)
         try:
-            st = Journal(store).load()
+            loaded = load_trusted(Journal(store))
+        except CorruptMetadata as e:
+            raise CliError(f"{d}: {e}", 1) from None
         finally:
             store.shutdown()
+        st = loaded.state
         aborts = st.aborts + [e for e in st.entries if e.get("op") == "abort"]
         out = {"mounted": False, "committed_files": len(st.files),
-               "journal_entries": len(st.entries), "aborts": aborts[-10:]}
+               "journal_entries": len(st.entries), "aborts": aborts[-10:],
+               "metadata": {"status": "corrupt" if loaded.problems else "ok", "problems": loaded.problems}}
     print(json.dumps(out, indent=2))
     return 0
 
