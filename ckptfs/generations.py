@@ -30,7 +30,6 @@ tolerates a crash anywhere in between.
 from __future__ import annotations
 
 import logging
-import os
 import stat
 import uuid
 from dataclasses import dataclass
@@ -189,6 +188,3 @@ def link_for_recovery(store: BackingStore, path: str, keep: dict) -> None:
     if st.st_ino == rec.ino:
         store.link(path, keep["name"])
 
-
-def gen_path_ok(name: str) -> bool:
-    return name.startswith(GEN_DIR + "/") and os.path.basename(name) == name[len(GEN_DIR) + 1:]

@@ -27,13 +27,12 @@ is trusted and ``verify_file`` is good for each member record.
 
 from __future__ import annotations
 
-import errno
 import os
 import stat
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import blake3
@@ -317,9 +316,3 @@ def verify_many(store: BackingStore, records: dict[str, FileRecord], *, progress
                                inode_owner=owner))
     return out
 
-
-def errno_of(f: Finding) -> int:
-    return errno.EIO
-
-
-__all__: Iterable[str] = ["Finding", "verify_fd", "verify_file", "verify_many", "load_offline", "RateLimiter"]
