@@ -1,4 +1,5 @@
-"""Command line: ``ckptfs mount|umount|recover|status`` (+ group commands in cli_groups).
+"""Command line: ``ckptfs mount|umount|recover|status`` (+ group commands in cli_groups.py,
+``verify|scrub|forget`` in cli_integrity.py).
 
 Every user error ends in one line ``ckptfs: error: ...`` and exit status 2
 (1 for operational failures), never a traceback.
@@ -17,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from . import META_DIR, __version__
+from . import META_DIR, __version__, cli_integrity
 from .backing import OsBackingStore
 from .cli_groups import GroupCliError
 
@@ -148,6 +149,7 @@ def spawn_daemon(a: argparse.Namespace, d: str) -> int:
     for opt in ("keep_last", "keep_every", "idle_seal"):
         if getattr(a, opt) is not None:
             argv += ["--" + opt.replace("_", "-"), str(getattr(a, opt))]
+    argv += cli_integrity.mount_argv(a)
     env = dict(os.environ, CKPTFS_READY_FD=str(wfd))
     pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = pkg_root + os.pathsep + env.get("PYTHONPATH", "")
@@ -179,7 +181,7 @@ def run_foreground(a: argparse.Namespace, d: str, backing: str) -> int:
         rules = load_rules(store, a)
         try:
             fs = CkptFS(store, commit_mode=a.commit, check_formats=not a.no_format_check,
-                        backing_label=backing, rules=rules)
+                        backing_label=backing, rules=rules, **cli_integrity.fs_kwargs(a))
         except CorruptMetadata as e:
             raise CliError(f"{backing}: {e}; run 'ckptfs recover --rebuild {backing}'", 1) from None
         log.info("ckptfs %s serving %s (backing %s, commit=%s)", __version__, d, backing, a.commit)
@@ -297,21 +299,26 @@ def cmd_status(a: argparse.Namespace) -> int:
     if is_ckptfs_mount(d):
         attrs = {n: os.getxattr(d, n).decode() for n in os.listxattr(d) if n.startswith("user.ckptfs.")}
         out = {k.removeprefix("user.ckptfs."): v for k, v in attrs.items()}
-        for k in ("stats", "aborts"):
+        for k in ("stats", "aborts", "corrupt", "metadata", "scrub"):
             if k in out:
                 out[k] = json.loads(out[k])
         out["mounted"] = True
     else:
-        from .journal import Journal
+        from .journal import CorruptMetadata, Journal
+        from .metadata import load_trusted
 
         store = OsBackingStore(d)
         try:
-            st = Journal(store).load()
+            loaded = load_trusted(Journal(store))
+        except CorruptMetadata as e:
+            raise CliError(f"{d}: {e}", 1) from None
         finally:
             store.shutdown()
+        st = loaded.state
         aborts = st.aborts + [e for e in st.entries if e.get("op") == "abort"]
         out = {"mounted": False, "committed_files": len(st.files),
-               "journal_entries": len(st.entries), "aborts": aborts[-10:]}
+               "journal_entries": len(st.entries), "aborts": aborts[-10:],
+               "metadata": {"status": "corrupt" if loaded.problems else "ok", "problems": loaded.problems}}
     print(json.dumps(out, indent=2))
     return 0
 
@@ -337,6 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--idle-seal", type=float, metavar="SECONDS",
                    help="seal marker-less groups after this long without activity (default 30)")
     m.add_argument("--debug", action="store_true")
+    cli_integrity.add_mount_args(m)
     m.set_defaults(func=cmd_mount)
 
     u = sub.add_parser("umount", help="unmount, waiting for pending commits")
@@ -353,6 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("status", help="daemon state, commits and aborted versions")
     s.add_argument("dir")
     s.set_defaults(func=cmd_status)
+    cli_integrity.register(sub)
     from .cli_groups import add_parsers
 
     add_parsers(sub)

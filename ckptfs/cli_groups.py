@@ -340,6 +340,21 @@ def add_parsers(sub: Any) -> None:
     gc = sub.add_parser("gc", help="delete torn/corrupt groups kept in quarantine")
     gc.add_argument("dir")
     gc.set_defaults(func=cmd_gc)
-    v = sub.add_parser("verify", help="verify groups against their manifests (mounted or not)")
-    v.add_argument("path")
-    v.set_defaults(func=cmd_verify_groups)
+    verify = sub.choices.get("verify")  # registered by cli_integrity: files; add the group checks
+    if verify is not None:
+        verify.set_defaults(func=cmd_verify_all)
+
+
+def cmd_verify_all(a: argparse.Namespace) -> int:
+    """``ckptfs verify``: every committed file against its digests (cli_integrity), then every
+    group at or under PATH against its manifest and COMMIT (G1, files added after the seal)."""
+    from .cli_integrity import cmd_verify
+
+    rc = cmd_verify(a)
+    try:
+        locate(a.path)
+    except GroupCliError:
+        return rc  # not inside a ckptfs directory: cmd_verify already said so
+    if not os.path.isdir(a.path):
+        return rc
+    return max(rc, cmd_verify_groups(a))

@@ -38,6 +38,7 @@ from .backing import BackingStore
 from .group_ops import GroupOps
 from .groups import COMMITTED_VIEW, OPEN, SEALED, SealError, read_seal
 from .hashing import digest_fd
+from .integrity import CONTROL_XATTR, Integrity
 from .journal import STAGING, Journal
 from .records import FileRecord
 from .recovery import move_prefix, parent, recover
@@ -93,6 +94,10 @@ class CkptFS(GroupOps):
         backing_label: str = "",
         rules: RuleSet | None = None,
         housekeeping_interval: float = 1.0,
+        on_corrupt: str = "eio",
+        keep_generations: int = 1,
+        scrub_interval: float = 0.0,
+        scrub_rate_mb: float = 64.0,
     ) -> None:
         if commit_mode not in ("sync", "async"):
             raise ValueError("commit_mode must be 'sync' or 'async'")
@@ -124,6 +129,11 @@ class CkptFS(GroupOps):
             self._housekeeper = threading.Thread(target=self._housekeep, args=(housekeeping_interval,),
                                                  name="ckptfs-housekeeper", daemon=True)
             self._housekeeper.start()
+        # verify-on-read, kept generations, scrub (integrity.py)
+        self.integrity = Integrity(self, on_corrupt=on_corrupt, keep_generations=keep_generations,
+                                   scrub_interval=scrub_interval, scrub_rate_mb=scrub_rate_mb,
+                                   generations=self.recovery.generations,
+                                   metadata_problems=self.recovery.problems)
         log.info("recovery: %s", self.recovery.summary())
 
     def _housekeep(self, interval: float) -> None:
@@ -191,6 +201,7 @@ class CkptFS(GroupOps):
         self._stop.set()
         if self._housekeeper is not None:
             self._housekeeper.join()
+        self.integrity.stop()
         if self.committer:
             self.committer.stop()
         with self.commit_lock, self.lock:
@@ -237,6 +248,10 @@ class CkptFS(GroupOps):
                 return self._st(self.store.fstat(v.fd))
             except OSError:
                 pass  # installed concurrently: fall through to the backing path
+        else:
+            ov = self.integrity.stat_override(path)  # rollback policy: the kept generation served
+            if ov is not None:
+                return self._st(ov)
         g = self.groups.get(path)
         if g is not None and g.state == OPEN:
             self._check_torn(g)
@@ -372,7 +387,8 @@ class CkptFS(GroupOps):
         st = self.store.lstat(path)
         if stat.S_ISDIR(st.st_mode):
             raise _err(errno.EISDIR)
-        fd = self.store.open(path, os.O_RDONLY)
+        fd, chk = self.integrity.open_committed(path, self.store.open(path, os.O_RDONLY))  # EIO if corrupt
+        self.integrity.bind(fd, chk)
         return self._new_fh(Handle(path=path, writable=writable, fd=fd, append=bool(flags & os.O_APPEND)))
 
     def _writable_version(self, h: Handle, caller: Caller) -> Version:
@@ -391,6 +407,7 @@ class CkptFS(GroupOps):
                 nv = self._new_version(h.path, self.store.fstat(v.fd).st_mode, caller, src=v)
             else:
                 assert h.fd is not None
+                self.integrity.before_clone(h.fd)  # never launder corrupt bytes into a new commit
                 nv = self._new_version(h.path, self.store.fstat(h.fd).st_mode, caller, src_fd=h.fd)
             with self.lock:
                 if v is not None:
@@ -398,6 +415,7 @@ class CkptFS(GroupOps):
                     v.writers -= 1
                     self._maybe_close(v)
                 else:
+                    self.integrity.forget(h.fd)
                     self.store.close(h.fd)
                     h.fd = None
                 cur = self.pending.get(h.path)
@@ -411,9 +429,10 @@ class CkptFS(GroupOps):
     # ------------------------------------------------------------- data I/O
     def read(self, fh: int, size: int, offset: int) -> bytes:
         h = self._handle(fh)
-        fd = h.version.fd if h.version is not None else h.fd
-        assert fd is not None
-        return self.store.pread(fd, size, offset)
+        if h.version is not None:
+            return self.store.pread(h.version.fd, size, offset)
+        assert h.fd is not None
+        return self.integrity.read(h.fd, size, offset)  # verified chunks only
 
     def write(self, fh: int, data: bytes, offset: int, caller: Caller = NOBODY) -> int:
         h = self._handle(fh)
@@ -524,11 +543,19 @@ class CkptFS(GroupOps):
             self._seal_named_by_pointer(v.path, self.store.pread(v.fd, rec.size, 0))
         self.store.fsync(v.fd)
         crashpoints.hit("stage_synced")
-        mark = self.journal.append({"op": "install", "path": v.path, "staging": v.staging, "rec": rec.to_json()})
+        keep = self.integrity.keep_plan(v.path, prev)  # previous generation kept (generations.py)
+        entry = {"op": "install", "path": v.path, "staging": v.staging, "rec": rec.to_json()}
+        if keep:
+            entry["keep"] = keep
+        mark = self.journal.append(entry)
         crashpoints.hit("intent_logged")
         try:
+            if keep:
+                self.integrity.gens.link(v.path, keep)
             self.store.rename(v.staging, v.path)
         except OSError:
+            if keep:
+                self.integrity.gens.unlink_quiet(keep)
             self.journal.retract(mark)
             raise
         crashpoints.hit("installed")
@@ -537,16 +564,17 @@ class CkptFS(GroupOps):
         except OSError as e:
             # The new version is in place but its durability is unknown: keep
             # the in-memory state truthful and fail the caller (never re-fsync).
-            self._installed(v, rec)
+            self._installed(v, rec, keep)
             v.error = e
             raise
         crashpoints.hit("dir_synced")
-        self._installed(v, rec)
+        self._installed(v, rec, keep)
         self._after_install(v.path)
         self._maybe_compact()
 
-    def _installed(self, v: Version, rec: FileRecord) -> None:
+    def _installed(self, v: Version, rec: FileRecord, keep: dict | None = None) -> None:
         with self.lock:
+            self.integrity.gens.installed(v.path, keep)
             self.records[v.path] = rec
             v.record = rec
             v.state = "installed"
@@ -663,6 +691,7 @@ class CkptFS(GroupOps):
         if h is None:
             return
         if h.fd is not None:
+            self.integrity.forget(h.fd)
             self.store.close(h.fd)
         v = h.version
         if v is None:
@@ -820,6 +849,7 @@ class CkptFS(GroupOps):
             with self.lock:
                 self.records.pop(path, None)
                 self.last_abort.pop(path, None)
+                self.integrity.gens.on_unlink(path)
 
     def rename(self, old: str, new: str, flags: int = 0, caller: Caller = NOBODY) -> None:
         old, new = self.norm(old), self.norm(new)
@@ -861,6 +891,7 @@ class CkptFS(GroupOps):
                     for k in [k for k in self.records if k == new or k.startswith(pre)]:
                         del self.records[k]
                     move_prefix(self.records, old, new)
+                    self.integrity.gens.on_rename(old, new)
                 displaced = self.pending.get(new)
                 if displaced is not None and displaced.state == "open":
                     displaced.unlinked = True
@@ -915,6 +946,7 @@ class CkptFS(GroupOps):
                                                  "keep_every": self.rules.keep_every,
                                                  "idle_seal_seconds": self.rules.idle_seconds}),
                 "user.ckptfs.groups": self.groups_json_attr(path),
+                **self.integrity.root_attrs(),
             }
         out: dict[str, str] = {}
         g = self.groups.get(path)
@@ -947,6 +979,8 @@ class CkptFS(GroupOps):
             })
         if path in self.last_abort:
             out["user.ckptfs.last_abort"] = self.last_abort[path]
+        if v is None:
+            out.update(self.integrity.file_attrs(path))  # status=corrupt, error, verified, rollback
         return out
 
     def getxattr(self, path: str, name: str) -> bytes:
@@ -983,6 +1017,9 @@ class CkptFS(GroupOps):
             return
         if name == CONTROL_GC and path == "":
             self.gc()
+            return
+        if name == CONTROL_XATTR:
+            self.integrity.control(path, value)  # verify / scrub on demand (integrity.py)
             return
         if name.startswith(XATTR_PREFIX):
             raise _err(errno.EPERM)

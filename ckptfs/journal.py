@@ -25,6 +25,7 @@ import os
 import struct
 import threading
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,6 +108,8 @@ class Journal:
         self.entries_since_snapshot = 0
         self._lock = threading.Lock()
         self.broken: str | None = None
+        # extra top-level snapshot keys (e.g. kept generations); set by the owner
+        self.extra_state: Callable[[], dict[str, Any]] | None = None
 
     @staticmethod
     def journal_path(epoch: int) -> str:
@@ -220,6 +223,9 @@ class Journal:
             "aborts": aborts[-100:],
             "groups": groups or {},
         }
+        if self.extra_state is not None:
+            for k, v in self.extra_state().items():
+                snap.setdefault(k, v)
         tmp = SNAPSHOT + ".tmp"
         fd = self.store.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:

@@ -9,13 +9,22 @@ Algorithm (idempotent; a crash at any step is repaired by running it again):
 3. Finish the last intent if its effect can be completed from durable state
    (roll forward), otherwise drop it (the path keeps its previous version).
 4. Delete all staging debris: no staged file is referenced any more.
-5. Drop records whose file vanished or was replaced while unmounted.
+5. Reconcile records with the files on disk (offline changes, see
+   :func:`classify`): a record is dropped if its file vanished or was replaced
+   by a *new* file; it is kept (and verification will flag the file) if the
+   committed inode was changed in place or now sits at another committed path.
+6. Reconcile kept generations (generations.py) the same way.
 6. Settle groups (groups.py): a group still open was torn by the crash and is
    moved into quarantine; a sealed group whose COMMIT/manifest does not verify
    or whose files are missing is corrupt and quarantined too; retired groups'
    trash is purged.  Every move has a deterministic target, so a crash during
    this step is finished by the next run.
-7. Compact: write a fresh snapshot (new epoch) and retire the journal.
+8. Compact: write a fresh snapshot (new epoch) and retire the journal.
+
+Damaged metadata (metadata.py) is never trusted and never raises: with a
+corrupt snapshot or a journal corrupt before its tail, journal entries are
+only hints (no roll-forward of the last intent, which might be stale), kept
+only where step 5 confirms them on disk.
 """
 
 from __future__ import annotations
@@ -24,13 +33,16 @@ import errno
 import logging
 import os
 import stat
+import time
 from dataclasses import dataclass, field
 
-from . import crashpoints
+from . import META_DIR, crashpoints
 from .backing import BackingStore
+from .generations import GenEntry, apply_gen_entry, link_for_recovery, reconcile
 from .groups import CORRUPT, OPEN, QUARANTINE, SEALED, TORN, TRASH, TRASHED, GroupState, SealError, read_seal
 from .hashing import digest_fd
-from .journal import STAGING, Journal
+from .journal import SNAPSHOT, STAGING, Journal, read_whole
+from .metadata import load_trusted
 from .records import FileRecord
 
 log = logging.getLogger("ckptfs.recovery")
@@ -116,6 +128,16 @@ def apply_group_entry(files: dict[str, FileRecord], groups: dict[str, GroupState
         g = groups.get(e["path"])
         if g is not None and g.state in (OPEN, SEALED):
             del groups[e["path"]]
+
+
+def _load_groups(raw: dict[str, dict], problems: list[str]) -> dict[str, GroupState]:
+    out: dict[str, GroupState] = {}
+    for p, g in raw.items():
+        try:
+            out[p] = GroupState.from_json(g)
+        except (TypeError, ValueError) as e:
+            problems.append(f"snapshot group record for {p!r} untrusted ({e}); group forgotten")
+    return out
 
 
 def quarantine_target(g: GroupState) -> str:
@@ -264,6 +286,8 @@ def finish_inflight(store: BackingStore, e: dict) -> bool:
         if store.exists(staging):
             if not _staged_matches(store, staging, rec):
                 return False
+            if e.get("keep"):
+                link_for_recovery(store, path, e["keep"])
             store.rename(staging, path)
             store.fsync_dir(parent(path))
             return True
@@ -323,6 +347,9 @@ class RecoveryReport:
     aborts: list[dict] = field(default_factory=list)
     groups: dict[str, GroupState] = field(default_factory=dict)
     group_notes: list[str] = field(default_factory=list)
+    generations: dict[str, list[GenEntry]] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)  # untrusted metadata (metadata.py)
+    suspect: list[str] = field(default_factory=list)  # kept records whose file changed offline
 
     def summary(self) -> str:
         s = f"replayed {self.replayed} journal entries"
@@ -333,30 +360,93 @@ class RecoveryReport:
             s += f"; {len(self.records_dropped)} records of files changed while unmounted dropped"
         if self.group_notes:
             s += f"; groups hidden: {'; '.join(self.group_notes)}"
+            s += f"; {len(self.records_dropped)} records of files deleted or replaced while unmounted dropped"
+        if self.suspect:
+            s += f"; {len(self.suspect)} committed files changed in place or swapped while unmounted (suspect)"
+        if self.problems:
+            s += f"; METADATA PROBLEMS: {len(self.problems)} (untrusted parts ignored)"
         return s
+
+
+def classify(path: str, rec: FileRecord, st: os.stat_result | None, owner: dict[int, str]) -> str:
+    """What an offline change to a committed file means: ``ok`` / ``drop`` / ``suspect``.
+
+    * gone or not a regular file -> ``drop`` (deleted while unmounted);
+    * same inode as committed -> ``ok`` if its size matches else ``suspect``;
+      either way the record is kept: bytes of a committed inode never change
+      legitimately (ckptfs installs by rename), so any difference is corruption
+      and verification reports it.  An offline in-place rewrite (``open(O_TRUNC)``
+      on the unmounted directory) cannot be told apart and is reported too
+      (safe direction); ``ckptfs recover --forget PATH`` accepts it;
+    * another committed path's inode -> ``suspect`` (swapped or moved: corruption);
+    * any other inode -> ``drop``: replaced by a new file while unmounted (the
+      atomic write-then-rename every careful writer does); it is untracked.
+    """
+    if st is None or not stat.S_ISREG(st.st_mode):
+        return "drop"
+    if not rec.ino:
+        return "ok" if st.st_size == rec.size else "drop"
+    if st.st_ino == rec.ino:
+        return "ok" if st.st_size == rec.size else "suspect"
+    if owner.get(st.st_ino, path) != path:
+        return "suspect"
+    return "drop"
+
+
+def _preserve(store: BackingStore, src: str, dst: str) -> None:
+    """Copy damaged metadata aside for forensics (never renamed: stays idempotent)."""
+    try:
+        data = read_whole(store, src)
+        fd = store.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            store.pwrite(fd, data, 0)
+            store.fsync(fd)
+        finally:
+            store.close(fd)
+    except OSError as e:
+        log.warning("could not preserve %s: %s", src, e)
 
 
 def recover(store: BackingStore, journal: Journal | None = None) -> RecoveryReport:
     journal = journal or Journal(store)
     journal.ensure_layout()
-    state = journal.load()
-    rep = RecoveryReport(files=state.files, aborts=state.aborts,
-                         groups={p: GroupState.from_json(g) for p, g in state.groups.items()})
+    loaded = load_trusted(journal)
+    state = loaded.state
+    rep = RecoveryReport(files=state.files, aborts=state.aborts, problems=list(loaded.problems),
+                         groups=_load_groups(state.groups, loaded.problems))
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    if loaded.snapshot_corrupt:
+        _preserve(store, SNAPSHOT, f"{META_DIR}/corrupt-snapshot.{stamp}")
+    if loaded.journal_corrupt_at is not None:
+        _preserve(store, journal.journal_path(state.epoch), f"{META_DIR}/corrupt-journal.{state.epoch}.{stamp}")
+    trusted = not loaded.snapshot_corrupt and loaded.journal_corrupt_at is None
+    gens_raw = loaded.generations
     ops = []
     for e in state.entries:
         if e.get("op") == "abort":
             rep.aborts.append(e)
         else:
             ops.append(e)
-    for e in ops[:-1]:
-        apply_entry(rep.files, e, rep.groups)
+    # with untrusted metadata the last entry is not known to be the in-flight one: hints only
+    replay = ops[:-1] if trusted else ops
+    for n, e in enumerate(replay):
+        try:
+            apply_entry(rep.files, e, rep.groups)
+            apply_gen_entry(gens_raw, e)
+        except (KeyError, ValueError, TypeError, AttributeError) as err:
+            rep.problems.append(f"journal entry {n} untrusted ({err!r}); skipped")
         rep.replayed += 1
-    if ops:
+    if ops and trusted:
         last = ops[-1]
-        rep.inflight = f"{last['op']} {last.get('path') or last.get('src')}"
-        rep.inflight_completed = finish_inflight(store, last)
-        if rep.inflight_completed:
-            apply_entry(rep.files, last, rep.groups)
+        try:
+            rep.inflight = f"{last['op']} {last.get('path') or last.get('src')}"
+            rep.inflight_completed = finish_inflight(store, last)
+            if rep.inflight_completed:
+                apply_entry(rep.files, last, rep.groups)
+                apply_gen_entry(gens_raw, last)
+        except (KeyError, ValueError, TypeError, AttributeError) as err:
+            rep.inflight_completed = False
+            rep.problems.append(f"last journal entry untrusted ({err!r}); not rolled forward")
         rep.replayed += 1
     crashpoints.hit("recovery_replayed")
     staged = store.listdir(STAGING)
@@ -365,14 +455,24 @@ def recover(store: BackingStore, journal: Journal | None = None) -> RecoveryRepo
     if staged:
         store.fsync_dir(STAGING)
     rep.staging_removed = len(staged)
+    owner = {r.ino: p for p, r in rep.files.items() if r.ino}
     for path, rec in list(rep.files.items()):
         try:
             st = store.lstat(path)
         except OSError:
             st = None
-        if st is None or not stat.S_ISREG(st.st_mode) or st.st_size != rec.size or (rec.ino and st.st_ino != rec.ino):
+        verdict = classify(path, rec, st, owner)
+        if verdict == "drop":
             del rep.files[path]
             rep.records_dropped.append(path)
+        elif verdict == "suspect":
+            rep.suspect.append(path)
+    rep.generations, probs = reconcile(store, {p: g for p, g in gens_raw.items() if p in rep.files})
+    rep.problems += probs
+    for p in rep.problems:
+        log.error("metadata: %s", p)
+    gens = rep.generations
+    journal.extra_state = lambda: {"generations": {p: [g.to_json() for g in gs] for p, gs in gens.items()}}
     rep.group_notes = settle_groups(store, rep.files, rep.groups)
     journal.compact(rep.files, rep.aborts, {p: g.to_json() for p, g in rep.groups.items()})
     return rep

@@ -1,0 +1,270 @@
+"""Integrity subcommands and mount options: ``ckptfs verify``, ``scrub``, ``forget``.
+
+``verify PATH`` and ``scrub DIR`` work in two modes:
+
+* **offline** (PATH is inside an unmounted ckptfs directory): records are read
+  from ``.ckptfs`` without changing anything (``verify.load_offline``) and every
+  byte of every committed file under PATH (and its kept generations) is
+  hashed against them.
+* **mounted** (PATH is inside a ckptfs mount): the daemon does the work: each
+  file gets ``setxattr user.ckptfs.control=verify`` (a forced, cache-ignoring
+  full verification, synchronous, EIO if corrupt; the detail is then read from
+  ``user.ckptfs.error``).  ``scrub`` on a mount starts a background scrub
+  (``--wait`` waits for it).
+
+Exit status: 0 all good, 1 corruption or untrusted metadata found (each bad
+file is named with the failing chunk and digests), 2 usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import stat
+import sys
+import time
+
+from . import META_DIR
+from .backing import OsBackingStore
+from .verify import Finding, ProgressBar, RateLimiter, load_offline, select, untracked_files, verify_many
+
+CONTROL = b"user.ckptfs.control"
+
+
+class _Err(Exception):
+    pass
+
+
+def add_mount_args(m: argparse.ArgumentParser) -> None:
+    m.add_argument("--on-corrupt", choices=("eio", "rollback"), default="eio",
+                   help="corrupt committed file: fail with EIO (default) or serve its newest good kept generation")
+    m.add_argument("--keep-generations", type=int, default=1, metavar="N",
+                   help="previous committed versions kept per overwritten file (default 1; 0 = none)")
+    m.add_argument("--scrub-interval", type=float, default=86400.0, metavar="SECONDS",
+                   help="background re-verification of all committed files every SECONDS (default 86400; 0 = off)")
+    m.add_argument("--scrub-rate", type=float, default=64.0, metavar="MB/s",
+                   help="read rate limit of the background scrub (default 64 MB/s; 0 = unlimited)")
+
+
+def mount_argv(a: argparse.Namespace) -> list[str]:
+    """The integrity options to pass on to the foreground daemon."""
+    return ["--on-corrupt", a.on_corrupt, "--keep-generations", str(a.keep_generations),
+            "--scrub-interval", str(a.scrub_interval), "--scrub-rate", str(a.scrub_rate)]
+
+
+def fs_kwargs(a: argparse.Namespace) -> dict:
+    return {"on_corrupt": a.on_corrupt, "keep_generations": a.keep_generations,
+            "scrub_interval": a.scrub_interval, "scrub_rate_mb": a.scrub_rate}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    v = sub.add_parser("verify", help="verify committed files against their digests (mounted or not)")
+    v.add_argument("path", help="a ckptfs directory, or a file/directory inside one")
+    v.add_argument("--progress", action="store_true", help="progress bar on stderr even when not a tty")
+    v.add_argument("--json", action="store_true", help="one JSON object per file on stdout")
+    v.set_defaults(func=cmd_verify)
+
+    s = sub.add_parser("scrub", help="re-verify everything: offline now, or start the mounted daemon's scrub")
+    s.add_argument("dir")
+    s.add_argument("--rate", type=float, default=0.0, metavar="MB/s", help="offline read rate limit (0: none)")
+    s.add_argument("--wait", action="store_true", help="mounted: wait until the scrub has finished")
+    s.add_argument("--progress", action="store_true")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_scrub)
+
+    f = sub.add_parser("forget", help="drop the records of files changed on purpose while unmounted")
+    f.add_argument("dir")
+    f.add_argument("files", nargs="+", help="paths relative to DIR")
+    f.set_defaults(func=cmd_forget)
+
+
+# ----------------------------------------------------------------- helpers
+def _mount_root(path: str) -> str | None:
+    from .cli import is_ckptfs_mount
+
+    p = os.path.abspath(path)
+    while True:
+        if is_ckptfs_mount(p):
+            return p
+        up = os.path.dirname(p)
+        if up == p:
+            return None
+        p = up
+
+
+def _backing_root(path: str) -> str | None:
+    p = os.path.abspath(path)
+    while True:
+        if os.path.isdir(os.path.join(p, META_DIR)):
+            return p
+        up = os.path.dirname(p)
+        if up == p:
+            return None
+        p = up
+
+
+def _report(findings: list[Finding], problems: list[str], untracked: list[str], as_json: bool) -> int:
+    bad = [f for f in findings if not f.ok]
+    if as_json:
+        for f in findings:
+            print(json.dumps(f.to_json()))
+    for p in problems:
+        print(f"ckptfs: metadata: {p}", file=sys.stderr)
+    for f in bad:
+        print(f"ckptfs: {f.message()}", file=sys.stderr)
+    n_ok = len(findings) - len(bad)
+    summary = f"ckptfs: verified {len(findings)} committed files: {n_ok} ok, {len(bad)} corrupt"
+    if untracked:
+        summary += f"; {len(untracked)} untracked files (no record, not verifiable)"
+    if problems:
+        summary += f"; {len(problems)} metadata problems"
+    print(summary, file=sys.stderr if as_json else sys.stdout)
+    return 1 if bad or problems else 0
+
+
+def _offline(path: str, rate: float, progress: bool, as_json: bool) -> int:
+    root = _backing_root(path)
+    if root is None:
+        raise _Err(f"{path}: not inside a ckptfs directory (no {META_DIR} found)")
+    rel = os.path.relpath(os.path.abspath(path), root)
+    rel = "" if rel == "." else rel
+    store = OsBackingStore(root)
+    try:
+        state = load_offline(store)
+        recs = select(state.files, rel)
+        gen_recs = {}
+        from .records import FileRecord
+
+        for p, gs in state.generations.items():
+            if p in recs:
+                for g in gs if isinstance(gs, list) else []:
+                    try:
+                        gen_recs[g["name"]] = FileRecord.from_json(g["rec"])
+                    except (KeyError, ValueError, TypeError):
+                        state.problems.append(f"kept generation record of {p!r} untrusted")
+        total = sum(r.size for r in recs.values()) + sum(r.size for r in gen_recs.values())
+        bar = ProgressBar(total, progress or sys.stderr.isatty())
+        limiter = RateLimiter(rate * 1e6 if rate > 0 else None)
+        findings = verify_many(store, recs, progress=bar, limiter=limiter, all_records=state.files)
+        findings += [f for f in verify_many(store, gen_recs, progress=bar, limiter=limiter) if not f.ok]
+        bar.finish()
+        untracked = untracked_files(store, state.files, rel)
+    finally:
+        store.shutdown()
+    return _report(findings, state.problems, untracked, as_json)
+
+
+def _walk(path: str) -> list[str]:
+    if not os.path.isdir(path):
+        return [path]
+    out = []
+    for d, dirs, files in os.walk(path):
+        dirs.sort()
+        out += [os.path.join(d, f) for f in sorted(files)]
+    return out
+
+
+def _mounted(path: str, progress: bool, as_json: bool) -> int:
+    files = []
+    for f in _walk(path):
+        try:
+            st = os.lstat(f)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            files.append((f, st.st_size))
+    bar = ProgressBar(sum(s for _, s in files), progress or sys.stderr.isatty())
+    findings, untracked = [], []
+    for f, size in files:
+        bar.set_label(f)
+        try:
+            status = os.getxattr(f, "user.ckptfs.status").decode()
+        except OSError:
+            status = "untracked"
+        if status not in ("committed", "corrupt"):
+            if status == "untracked":
+                untracked.append(f)
+            bar(size)
+            continue
+        try:
+            os.setxattr(f, CONTROL, b"verify")
+            findings.append(Finding(f, True))
+        except OSError as e:
+            try:
+                detail = os.getxattr(f, "user.ckptfs.error").decode()
+            except OSError:
+                detail = str(e)
+            findings.append(Finding(f, False, "corrupt", "daemon", detail))
+        bar(size)
+    bar.finish()
+    return _report(findings, [], untracked, as_json)
+
+
+# ---------------------------------------------------------------- commands
+def cmd_verify(a: argparse.Namespace) -> int:
+    from .cli import CliError
+
+    if not os.path.lexists(a.path):
+        raise CliError(f"{a.path}: no such file or directory")
+    try:
+        if _mount_root(a.path):
+            return _mounted(a.path, a.progress, a.json)
+        return _offline(a.path, 0.0, a.progress, a.json)
+    except _Err as e:
+        raise CliError(str(e)) from None
+
+
+def cmd_scrub(a: argparse.Namespace) -> int:
+    from .cli import CliError
+
+    d = os.path.abspath(a.dir)
+    if not os.path.isdir(d):
+        raise CliError(f"{d}: no such directory")
+    root = _mount_root(d)
+    if root is None:
+        try:
+            return _offline(d, a.rate, a.progress, a.json)
+        except _Err as e:
+            raise CliError(str(e)) from None
+    before = json.loads(os.getxattr(root, "user.ckptfs.scrub"))
+    t0 = time.time()
+    os.setxattr(root, CONTROL, b"scrub")
+    if not a.wait:
+        print(f"ckptfs: background scrub of {root} started (see: ckptfs status {root})")
+        return 0
+    while True:
+        info = json.loads(os.getxattr(root, "user.ckptfs.scrub"))
+        if info.get("state") == "idle" and info.get("finished", 0) >= t0 and info != before:
+            break
+        time.sleep(0.1)
+    print(json.dumps(info, indent=2))
+    return 1 if info.get("corrupt") else 0
+
+
+def cmd_forget(a: argparse.Namespace) -> int:
+    """Accept offline changes: drop the records (and kept generations) of FILES."""
+    from .cli import CliError, is_ckptfs_mount
+    from .journal import Journal
+    from .recovery import recover
+
+    d = os.path.abspath(a.dir)
+    if is_ckptfs_mount(d):
+        raise CliError(f"{d}: is mounted; unmount it first")
+    if not os.path.isdir(os.path.join(d, META_DIR)):
+        raise CliError(f"{d}: not a ckptfs directory")
+    store = OsBackingStore(d)
+    try:
+        j = Journal(store)
+        rep = recover(store, j)
+        for f in a.files:
+            rel = f.strip("/")
+            if rep.files.pop(rel, None) is None:
+                print(f"ckptfs: {rel}: no record", file=sys.stderr)
+            for g in rep.generations.pop(rel, []):
+                store.unlink(g.name)
+        j.compact(rep.files, rep.aborts)
+        print(f"ckptfs: {len(rep.files)} committed files remain recorded")
+    finally:
+        store.shutdown()
+    return 0

@@ -1,0 +1,497 @@
+"""Verify-on-read, rollback to kept generations, and the background scrubber.
+
+Used by :class:`ckptfs.fs.CkptFS` through a handful of hooks (open, read,
+release, getattr, xattrs, clone); all logic lives here.
+
+Read path (committed files only; staged versions are the writer's own bytes):
+
+* **open**: ``fstat`` of the opened file vs its record: another inode (file
+  replaced or swapped) or another size (truncated / extended) fails the open
+  with EIO at once; no byte is served.  A version already known corrupt fails
+  too.
+* **read**: before a read returns, every 1 MiB chunk it touches that is not yet
+  verified for this *version* is read whole, hashed (blake3) and compared with
+  its recorded digest; bytes of a freshly verified chunk are served from the
+  very buffer that was hashed.  A mismatch fails the read with EIO.  Reads
+  past the committed size return nothing.
+* **cache**: verification state is kept per version, keyed by (inode, size,
+  mtime, ctime, record digest, generation); any change to the file (even an
+  mtime reset by ``touch``, which moves ctime) gives a new key and a
+  re-verification.  A second open of a verified file hashes nothing
+  (``verify_bytes_hashed`` in the root ``user.ckptfs.stats`` stays put).
+  Changes that leave no trace in the inode (bit rot below the filesystem) are
+  caught by the scrubber, which re-hashes every committed file periodically.
+* **on mismatch**: EIO, ``user.ckptfs.status=corrupt``, ``user.ckptfs.error``
+  (which chunk, expected vs actual digest), an ``ERROR integrity:`` line in
+  ``.ckptfs/daemon.log`` and an entry in the root ``user.ckptfs.corrupt`` list.
+  A corrupt verdict sticks to the version until the file changes.
+
+Policy ``--on-corrupt``:
+
+* ``eio`` (default): corrupt files fail with EIO; verification is lazy (chunk
+  by chunk, so a multi-GB file needs no up-front pass).
+* ``rollback``: for a path that has kept generations, the current version is
+  verified *completely* the first time it is looked up or opened (a decision
+  must be made before the first byte or size is served); if it is corrupt the
+  newest kept generation that verifies completely is served instead (stat,
+  open and read), and ``user.ckptfs.rollback`` says so.  Paths without kept
+  generations behave as ``eio``.
+
+Invariant: no read through the mount returns a byte of a committed file that
+was not hashed and matched against the record of the version being served.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .generations import GenEntry, Generations
+from .records import FileRecord
+from .verify import Finding, RateLimiter, check_chunk, check_identity, chunk_count, verify_fd
+
+if TYPE_CHECKING:
+    from .fs import CkptFS
+
+log = logging.getLogger("ckptfs.integrity")
+
+CONTROL_XATTR = "user.ckptfs.control"
+MAX_STATES = 100_000
+
+
+def _eio(path: str, f: Finding) -> OSError:
+    return OSError(errno.EIO, f"ckptfs: {path} is corrupt: {f.detail}")
+
+
+@dataclass(eq=False)
+class VState:
+    """Verification state of one version of one file."""
+
+    rec: FileRecord
+    verified: bytearray
+    bad: Finding | None = None
+    rollback: GenEntry | None = None  # rollback policy: generation served instead
+    full_checked: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def n_verified(self) -> int:
+        return sum(self.verified)
+
+
+@dataclass(eq=False)
+class Check:
+    """Per open backing fd of a committed file: what it is verified against."""
+
+    path: str
+    state: VState
+    key: tuple
+    generation: GenEntry | None = None  # set when serving a kept generation
+
+
+def version_key(st: os.stat_result, rec: FileRecord) -> tuple:
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, rec.blake3, rec.generation)
+
+
+class Integrity:
+    def __init__(self, fs: CkptFS, *, on_corrupt: str = "eio", keep_generations: int = 1,
+                 scrub_interval: float = 0.0, scrub_rate_mb: float = 64.0,
+                 generations: dict[str, list[GenEntry]] | None = None,
+                 metadata_problems: list[str] | None = None) -> None:
+        if on_corrupt not in ("eio", "rollback"):
+            raise ValueError("on_corrupt must be 'eio' or 'rollback'")
+        self.fs = fs
+        self.store = fs.store
+        self.on_corrupt = on_corrupt
+        self.gens = Generations(fs.store, keep_generations, generations or {})
+        fs.journal.extra_state = lambda: {"generations": self.gens.to_json()}
+        self.states: collections.OrderedDict[tuple, VState] = collections.OrderedDict()
+        self.checks: dict[int, Check] = {}
+        self.lock = threading.Lock()
+        self.events: collections.deque[dict] = collections.deque(maxlen=100)
+        self.metadata_problems = list(metadata_problems or [])
+        self.scrub_interval = scrub_interval
+        self.scrub_rate = scrub_rate_mb * 1e6 if scrub_rate_mb > 0 else None
+        self.scrub_info: dict = {"state": "idle", "interval_s": scrub_interval, "rate_mb_s": scrub_rate_mb}
+        self._stop = threading.Event()
+        self._kick = threading.Event()
+        self._scrub_thread: threading.Thread | None = None
+        if scrub_interval > 0:
+            self._start_scrubber()
+
+    @property
+    def stats(self) -> collections.Counter[str]:
+        return self.fs.stats
+
+    # ------------------------------------------------------------ states
+    def state_for(self, st: os.stat_result, rec: FileRecord) -> tuple[tuple, VState]:
+        key = version_key(st, rec)
+        with self.lock:
+            s = self.states.get(key)
+            if s is None:
+                s = VState(rec=rec, verified=bytearray(chunk_count(rec)))
+                self.states[key] = s
+                while len(self.states) > MAX_STATES:
+                    self.states.popitem(last=False)
+            else:
+                self.states.move_to_end(key)
+            return key, s
+
+    def _owner(self, ino: int) -> str | None:
+        for p, r in list(self.fs.records.items()):
+            if r.ino == ino:
+                return p
+        return None
+
+    def _corrupt(self, path: str, s: VState, f: Finding) -> None:
+        with s.lock:
+            if s.bad is not None:
+                return
+            s.bad = f
+        self.stats["corrupt_detected"] += 1
+        ev = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "path": path, "kind": f.kind,
+              "mechanism": f.mechanism, "detail": f.detail}
+        if f.chunk is not None:
+            ev["chunk"] = f.chunk
+        self.events.append(ev)
+        log.error("integrity: %s corrupt (%s, caught by %s): %s", path, f.kind, f.mechanism, f.detail)
+
+    def _hash_chunk(self, path: str, fd: int, s: VState, i: int) -> bytes:
+        """Read, hash and check chunk i; mark it verified or the state corrupt (EIO)."""
+        rec = s.rec
+        off = i * rec.chunk_size
+        data = self.store.pread(fd, min(rec.chunk_size, rec.size - off), off)
+        self.stats["verify_bytes_hashed"] += len(data)
+        self.stats["verify_chunks_hashed"] += 1
+        bad = check_chunk(path, rec, i, data)
+        if bad is not None:
+            self._corrupt(path, s, bad)
+            raise _eio(path, bad)
+        s.verified[i] = 1
+        return data
+
+    def _verify_all(self, path: str, fd: int, s: VState) -> Finding | None:
+        """Hash every chunk not yet verified (cache-aware).  The Finding if corrupt."""
+        if s.bad is None and not s.full_checked:
+            try:
+                for i in range(len(s.verified)):
+                    if not s.verified[i]:
+                        self._hash_chunk(path, fd, s, i)
+            except OSError:
+                if s.bad is None:
+                    raise
+            s.full_checked = s.bad is None
+        return s.bad
+
+    def keep_plan(self, path: str, prev: FileRecord | None) -> dict | None:
+        """Journal fragment to keep ``prev`` as a generation of ``path`` (commit lock held)."""
+        if prev is None or self.gens.keep <= 0:
+            return None
+        try:
+            st = self.store.lstat(path)
+        except OSError:
+            return None
+        if st.st_ino != prev.ino:
+            return None  # the path does not hold the recorded version: nothing to keep
+        s = self.states.get(version_key(st, prev))
+        if s is not None and s.bad is not None:
+            return None  # known corrupt: never a rollback target
+        return self.gens.plan(prev)
+
+    # ---------------------------------------------------------- open/read
+    def open_committed(self, path: str, fd: int) -> tuple[int, Check | None]:
+        """Check a just-opened committed file; return the fd to serve and its Check.
+
+        Takes ownership of ``fd``: on EIO (corrupt, no rollback applies) it is
+        closed; the returned fd may be another one (a kept generation, or the
+        path reopened after a concurrent install) and ``fd`` is then closed.
+        """
+        rec = self.fs.records.get(path)
+        if rec is None:
+            return fd, None  # untracked: written without ckptfs
+        try:
+            st = self.store.fstat(fd)
+        except BaseException:
+            self.store.close(fd)
+            raise
+        if rec.ino and st.st_ino != rec.ino:
+            # a commit may be installing this path right now: decide under the commit lock
+            with self.fs.commit_lock:
+                rec = self.fs.records.get(path)
+                self.store.close(fd)
+                fd = self.store.open(path, os.O_RDONLY)
+                try:
+                    st = self.store.fstat(fd)
+                except BaseException:
+                    self.store.close(fd)
+                    raise
+                if rec is None:
+                    return fd, None
+        try:
+            serve, chk = self._admit(path, fd, st, rec)
+        except BaseException:
+            self.store.close(fd)
+            raise
+        if serve != fd:
+            self.store.close(fd)
+        return serve, chk
+
+    def _admit(self, path: str, fd: int, st: os.stat_result, rec: FileRecord) -> tuple[int, Check | None]:
+        key, s = self.state_for(st, rec)
+        if s.bad is None:
+            bad = check_identity(path, st, rec, self._owner)
+            if bad is not None:
+                self._corrupt(path, s, bad)
+        if s.bad is None and self.on_corrupt == "rollback" and self.gens.of(path):
+            self._verify_all(path, fd, s)
+        if s.bad is not None:
+            if self.on_corrupt == "rollback":
+                got = self._rollback_target(path, s)
+                if got is not None:
+                    g, gfd, gkey, gs = got
+                    self.stats["rollback_opens"] += 1
+                    return gfd, Check(path, gs, gkey, generation=g)
+            raise _eio(path, s.bad)
+        return fd, Check(path, s, key)
+
+    def _rollback_target(self, path: str, s: VState) -> tuple[GenEntry, int, tuple, VState] | None:
+        """Newest kept generation of ``path`` that verifies completely (opened)."""
+        for g in self.gens.of(path):
+            try:
+                gfd = self.store.open(g.name, os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                st = self.store.fstat(gfd)
+                gkey, gs = self.state_for(st, g.rec)
+                if gs.bad is None:
+                    bad = check_identity(g.name, st, g.rec)
+                    if bad is not None:
+                        self._corrupt(f"{path} (kept generation {g.rec.generation})", gs, bad)
+                    else:
+                        self._verify_all(f"{path} (kept generation {g.rec.generation})", gfd, gs)
+            except OSError:
+                self.store.close(gfd)
+                continue
+            if gs.bad is None:
+                s.rollback = g
+                return g, gfd, gkey, gs
+            self.store.close(gfd)
+        return None
+
+    def bind(self, fd: int, chk: Check | None) -> None:
+        if chk is not None:
+            with self.lock:
+                self.checks[fd] = chk
+
+    def forget(self, fd: int | None) -> None:
+        if fd is not None:
+            with self.lock:
+                self.checks.pop(fd, None)
+
+    def read(self, fd: int, size: int, offset: int) -> bytes:
+        """pread that serves only verified bytes of a committed file."""
+        chk = self.checks.get(fd)
+        if chk is None:
+            return self.store.pread(fd, size, offset)
+        s = chk.state
+        st = self.store.fstat(fd)
+        if version_key(st, s.rec) != chk.key:
+            # changed while open (behind ckptfs' back): a new version to verify
+            key, s2 = self.state_for(st, s.rec)
+            bad = check_identity(chk.path, st, s.rec) if s2.bad is None else None
+            if bad is not None:
+                self._corrupt(chk.path, s2, bad)
+            chk.key, chk.state, s = key, s2, s2
+        if s.bad is not None:
+            raise _eio(chk.path, s.bad)
+        rec = s.rec
+        end = min(offset + size, rec.size)
+        if offset >= end:
+            return b""
+        cs = rec.chunk_size
+        fresh: dict[int, bytes] = {}
+        for i in range(offset // cs, (end - 1) // cs + 1):
+            if not s.verified[i]:
+                fresh[i] = self._hash_chunk(chk.path, fd, s, i)
+        if fresh and len(fresh) == (end - 1) // cs - offset // cs + 1:
+            first = offset // cs
+            buf = b"".join(fresh[i] for i in sorted(fresh))
+            return buf[offset - first * cs : end - first * cs]
+        self.stats["verify_cached_reads"] += 1
+        return self.store.pread(fd, end - offset, offset)
+
+    def before_clone(self, fd: int | None) -> None:
+        """A write clones the committed file: verify all of it first (no laundering)."""
+        chk = self.checks.get(fd) if fd is not None else None
+        if chk is not None:
+            bad = self._verify_all(chk.path, fd, chk.state)
+            if bad is not None:
+                raise _eio(chk.path, bad)
+
+    # ------------------------------------------------------------ getattr
+    def stat_override(self, path: str) -> os.stat_result | None:
+        """rollback policy: the stat of the generation served instead of ``path``."""
+        if self.on_corrupt != "rollback" or not self.gens.table.get(path):
+            return None
+        rec = self.fs.records.get(path)
+        if rec is None:
+            return None
+        try:
+            fd = self.store.open(path, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            try:
+                gfd, chk = self._admit(path, fd, self.store.fstat(fd), rec)
+            except OSError:
+                return None  # corrupt, nothing to roll back to: stat shows the file as is
+            if gfd == fd:
+                return None
+            try:
+                return self.store.fstat(gfd)
+            finally:
+                self.store.close(gfd)
+        finally:
+            self.store.close(fd)
+
+    # ------------------------------------------------------------- xattrs
+    def file_attrs(self, path: str) -> dict[str, str]:
+        out: dict[str, str] = {}
+        gens = self.gens.of(path)
+        if gens:
+            out["user.ckptfs.kept_generations"] = ",".join(str(g.rec.generation) for g in gens)
+        rec = self.fs.records.get(path)
+        if rec is None:
+            return out
+        try:
+            st = self.store.lstat(path)
+        except OSError:
+            return out
+        s = self.states.get(version_key(st, rec))
+        if s is None:
+            out["user.ckptfs.verified"] = f"0/{chunk_count(rec)} chunks"
+            return out
+        if s.bad is not None:
+            out["user.ckptfs.status"] = "corrupt"
+            out["user.ckptfs.error"] = s.bad.detail
+            out["user.ckptfs.verified"] = "corrupt"
+            if s.rollback is not None:
+                out["user.ckptfs.rollback"] = (
+                    f"serving kept generation {s.rollback.rec.generation} "
+                    f"(committed {s.rollback.rec.committed_iso()}) because generation {rec.generation} is corrupt")
+        else:
+            out["user.ckptfs.verified"] = f"{s.n_verified}/{len(s.verified)} chunks"
+        return out
+
+    def root_attrs(self) -> dict[str, str]:
+        return {
+            "user.ckptfs.corrupt": json.dumps(list(self.events)[-20:]),
+            "user.ckptfs.metadata": json.dumps(
+                {"status": "corrupt" if self.metadata_problems else "ok", "problems": self.metadata_problems[-20:]}),
+            "user.ckptfs.scrub": json.dumps(self.scrub_info, sort_keys=True),
+            "user.ckptfs.on_corrupt": self.on_corrupt,
+            "user.ckptfs.keep_generations": str(self.gens.keep),
+        }
+
+    def control(self, path: str, value: bytes) -> None:
+        """``setxattr user.ckptfs.control``: ``verify`` (file or subtree, synchronous,
+        EIO if anything is corrupt) or ``scrub`` (root: start a background scrub now)."""
+        cmd = value.decode(errors="replace").strip()
+        if cmd == "scrub":
+            self.request_scrub()
+            return
+        if cmd != "verify":
+            raise OSError(errno.EINVAL, f"ckptfs: unknown control {cmd!r} (verify | scrub)")
+        bad = [f for f in self.verify_now(path) if not f.ok]
+        if bad:
+            raise _eio(bad[0].path, bad[0])
+
+    # ------------------------------------------------------- forced verify
+    def verify_now(self, prefix: str, limiter: RateLimiter | None = None,
+                   stop: threading.Event | None = None) -> list[Finding]:
+        """Re-hash every committed file at/under ``prefix`` (ignoring the cache)."""
+        pre = prefix.strip("/")
+        out = []
+        for path, rec in sorted(self.fs.records.items()):
+            if pre and path != pre and not path.startswith(pre + "/"):
+                continue
+            if stop is not None and stop.is_set():
+                break
+            f = self._verify_one(path, rec, limiter, stop)
+            if f is not None:
+                out.append(f)
+            for g in self.gens.of(path):
+                self._verify_one(g.name, g.rec, limiter, stop, label=f"{path} (kept generation {g.rec.generation})")
+        return out
+
+    def _verify_one(self, path: str, rec: FileRecord, limiter: RateLimiter | None,
+                    stop: threading.Event | None, label: str | None = None) -> Finding | None:
+        try:
+            fd = self.store.open(path, os.O_RDONLY)
+        except OSError:
+            return None  # unlinked/renamed meanwhile
+        try:
+            st = self.store.fstat(fd)
+            if self.fs.records.get(path, rec) is not rec and label is None:
+                return None  # a new version was committed meanwhile
+            key, s = self.state_for(st, rec)
+            f = verify_fd(self.store, fd, label or path, rec, limiter=limiter, stop=stop, inode_owner=self._owner)
+            self.stats["scrub_bytes_hashed"] += f.bytes_hashed
+            if f.ok:
+                s.verified[:] = b"\x01" * len(s.verified)
+                s.full_checked = True
+            elif f.kind == "unreadable" and not f.mechanism:
+                return None  # interrupted
+            else:
+                self._corrupt(label or path, s, f)
+            return f
+        finally:
+            self.store.close(fd)
+
+    # ------------------------------------------------------------- scrub
+    def _start_scrubber(self) -> None:
+        self._scrub_thread = threading.Thread(target=self._scrub_loop, name="ckptfs-scrub", daemon=True)
+        self._scrub_thread.start()
+
+    def request_scrub(self) -> None:
+        if self._scrub_thread is None:
+            self._start_scrubber()
+        self._kick.set()
+
+    def _scrub_loop(self) -> None:
+        while not self._stop.is_set():
+            self._kick.wait(self.scrub_interval if self.scrub_interval > 0 else None)
+            if self._stop.is_set():
+                return
+            self._kick.clear()
+            self.scrub_once()
+
+    def scrub_once(self) -> list[Finding]:
+        self.scrub_info.update(state="running", started=time.time())
+        self.stats["scrub_runs"] += 1
+        t0 = time.monotonic()
+        try:
+            found = self.verify_now("", RateLimiter(self.scrub_rate), self._stop)
+        except Exception as e:  # never let the scrubber kill the daemon
+            log.exception("scrub failed")
+            self.scrub_info.update(state="failed", error=str(e))
+            return []
+        bad = [f.path for f in found if not f.ok]
+        self.scrub_info.update(state="idle", finished=time.time(), files=len(found), corrupt=bad[:20],
+                               seconds=round(time.monotonic() - t0, 3))
+        log.info("scrub: %d files verified, %d corrupt", len(found), len(bad))
+        return found
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._kick.set()
+        if self._scrub_thread is not None:
+            self._scrub_thread.join(timeout=30)

@@ -1,0 +1,139 @@
+"""Loading ckptfs metadata (snapshot + journal) without trusting damaged parts.
+
+Policy (docs/design.md, "Integrity"): metadata that fails its CRC, does not
+parse, or holds internally inconsistent records is *never trusted* and *never
+crashes* the daemon:
+
+* snapshot frame bad (CRC, length, JSON, shape): the whole snapshot is
+  distrusted; records are rebuilt only from the journal of the newest epoch,
+  as *hints* that recovery keeps only where the file on disk has the recorded
+  inode and size (and verification still checks every byte before serving).
+  The damaged snapshot is preserved as ``.ckptfs/corrupt-snapshot.<time>``.
+* snapshot frame good but one record inconsistent: that record is dropped.
+* journal: a bad frame at the very end is a torn append (crash mid-write) and
+  is dropped silently, as before.  A bad frame *followed by a valid frame* can
+  only be corruption (appends are sequential and each is durable before the
+  next); everything from the bad frame on is distrusted, reported, and the
+  journal is preserved as ``.ckptfs/corrupt-journal.<E>.<time>``.
+* a journal entry that does not apply (missing keys, bad record) is skipped.
+
+Every problem is a line in ``Loaded.problems``; the daemon logs them and
+shows them in the root xattr ``user.ckptfs.metadata``.
+A snapshot of an unknown ``format`` is not corruption (a newer ckptfs wrote
+it): that still raises :class:`CorruptMetadata` and the mount is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+import zlib
+from dataclasses import dataclass, field
+
+from . import META_DIR
+from .journal import FORMAT, MAX_FRAME, SNAPSHOT, CorruptMetadata, Journal, JournalState, decode_frames, read_whole
+from .records import FileRecord
+
+_HDR = struct.Struct("<II")
+
+
+@dataclass
+class Loaded:
+    state: JournalState
+    generations: dict[str, list[dict]] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    snapshot_corrupt: bool = False
+    journal_corrupt_at: int | None = None  # byte offset of the first distrusted frame
+
+
+def _valid_frame_at(data: bytes, pos: int) -> bool:
+    if pos + _HDR.size > len(data):
+        return False
+    length, crc = _HDR.unpack_from(data, pos)
+    end = pos + _HDR.size + length
+    if length == 0 or length > MAX_FRAME or end > len(data):
+        return False
+    payload = data[pos + _HDR.size : end]
+    if zlib.crc32(payload) != crc:
+        return False
+    try:
+        return isinstance(json.loads(payload), dict)
+    except ValueError:
+        return False
+
+
+def scan_journal(data: bytes) -> tuple[list[dict], int | None]:
+    """(entries of the trusted prefix, offset of corruption or None if clean/torn tail)."""
+    entries, pos = decode_frames(data)
+    if pos >= len(data):
+        return entries, None
+    # Anything valid after the first bad frame proves corruption, not a torn tail.
+    for q in range(pos + 1, len(data) - _HDR.size):
+        if _valid_frame_at(data, q):
+            return entries, pos
+    return entries, None
+
+
+def _records(raw: object, problems: list[str], where: str) -> dict[str, FileRecord]:
+    out: dict[str, FileRecord] = {}
+    if not isinstance(raw, dict):
+        problems.append(f"{where}: file table is not a mapping; ignored")
+        return out
+    for p, r in raw.items():
+        try:
+            if not isinstance(p, str) or not p or p.startswith("/") or p == META_DIR or p.startswith(META_DIR + "/"):
+                raise ValueError(f"bad path {p!r}")
+            out[p] = FileRecord.from_json(r)
+        except (KeyError, ValueError, TypeError, AttributeError) as e:
+            problems.append(f"{where}: record of {p!r} untrusted ({e}); dropped")
+    return out
+
+
+def _newest_journal_epoch(journal: Journal) -> int:
+    best = 0
+    for name in journal.store.listdir(META_DIR):
+        m = re.fullmatch(r"journal\.(\d+)", name)
+        if m:
+            best = max(best, int(m.group(1)))
+    return best
+
+
+def load_trusted(journal: Journal) -> Loaded:
+    """Like :meth:`Journal.load`, but damaged metadata is reported, not raised."""
+    store = journal.store
+    st = JournalState()
+    out = Loaded(state=st)
+    if store.exists(SNAPSHOT):
+        data = read_whole(store, SNAPSHOT)
+        frames, used = decode_frames(data)
+        snap = frames[0] if len(frames) == 1 and used == len(data) and isinstance(frames[0], dict) else None
+        if snap is not None and snap.get("format") != FORMAT:
+            raise CorruptMetadata(f"{SNAPSHOT}: unknown format {snap.get('format')!r} (newer ckptfs?)")
+        try:
+            if snap is None:
+                raise ValueError("bad frame (CRC, length or JSON)")
+            st.epoch = int(snap["epoch"])
+            aborts = snap.get("aborts", [])
+            st.aborts = [a for a in aborts if isinstance(a, dict)] if isinstance(aborts, list) else []
+            st.files = _records(snap["files"], out.problems, "snapshot")
+            gens = snap.get("generations", {})
+            out.generations = gens if isinstance(gens, dict) else {}
+            groups = snap.get("groups", {})
+            st.groups = {p: g for p, g in groups.items() if isinstance(g, dict)} if isinstance(groups, dict) else {}
+        except (KeyError, ValueError, TypeError) as e:
+            out.snapshot_corrupt = True
+            out.problems.append(f"snapshot corrupt ({e}); not trusted: records rebuilt from the journal "
+                                "where the files on disk confirm them")
+            st.epoch = _newest_journal_epoch(journal)
+            st.files, st.aborts, out.generations, st.groups = {}, [], {}, {}
+    jp = journal.journal_path(st.epoch)
+    if store.exists(jp):
+        data = read_whole(store, jp)
+        st.entries, bad_at = scan_journal(data)
+        if bad_at is not None:
+            out.journal_corrupt_at = bad_at
+            out.problems.append(f"journal.{st.epoch} corrupt at byte {bad_at} of {len(data)}: "
+                                f"{len(st.entries)} entries before it trusted, the rest ignored")
+    journal.epoch = st.epoch
+    return out
