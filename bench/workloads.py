@@ -28,6 +28,7 @@ def w1(root: Path, mode: str, groups: int, durable_wait: bool) -> list[float]:
     latency of each group.  ``durable_wait``: async mount, the last group also
     waits for ``fsync(dir)`` (everything durable)."""
     model, opt = os.urandom(128 << 10), os.urandom(64 << 10)
+    os.sync()  # start from a quiet disk (earlier modes' dirty pages written back)
     lat = []
     for g in range(groups):
         t0 = time.perf_counter()
@@ -53,6 +54,7 @@ def w1(root: Path, mode: str, groups: int, durable_wait: bool) -> list[float]:
 def w2(root: Path, sd: dict, mode: str, durable_wait: bool) -> dict[str, float]:
     """One torch.save of ``sd`` made durable at ``root/model.pt`` (kept for W4)."""
     p = root / "model.pt"
+    os.sync()
     t0 = time.perf_counter()
     if mode in ("unsafe", "ckptfs"):
         torch.save(sd, p)
@@ -76,6 +78,7 @@ def w3(root: Path, buf: memoryview, shards: int, mode: str, durable_wait: bool) 
     last; per-file in the given mode.  Returns seconds until durable."""
     d = root / f"dcp_{shards}"
     per = len(buf) // shards
+    os.sync()
     t0 = time.perf_counter()
     d.mkdir()
     if mode == "atomic_dirsync":
@@ -141,6 +144,7 @@ def stream_write(p: Path, size_mib: int, sample) -> float:
     """Write ``size_mib`` MiB in 1 MiB writes (small client memory), close;
     call ``sample()`` every 64 MiB.  Returns seconds."""
     block = os.urandom(1 << 20)
+    os.sync()
     t0 = time.perf_counter()
     with open(p, "wb") as f:
         for i in range(size_mib):
