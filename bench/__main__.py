@@ -1,16 +1,18 @@
 """ckptfs benchmarks against the seed paper's three native write modes.
 
-    python -m bench [--groups 400] [--size-mib 1024] [--out docs/results/performance.md]
-    python -m bench --smoke --out /tmp/perf.md      # tiny, for CI (no timing asserts)
+    python -m bench                                   # full run, writes docs/results/performance.md
+    python -m bench --smoke --dir D --out D/perf.md   # tiny, for CI (no timing asserts)
 
-Everything runs in one invocation on the same backing filesystem, so results
-are read as ratios.  Workloads so far (issue 6 lists the full set):
+Everything runs in one invocation on the same backing filesystem: the three
+native modes (unsafe, atomic without / with directory fsync) in plain
+directories and ckptfs in sync and async commit mode, each mounted in place
+over its own directory, all interleaved per repetition.  Workloads (see
+bench/workloads.py): W1 the paper's group, W2 one durable torch.save, W3 a
+DCP-style sharded save, W4 torch.load cold/warm, W5 metadata rates, W6 daemon
+RSS and CPU, plus the raw disk limit (dd).
 
-W1  the paper's group: 128 KiB model + 64 KiB optimizer + rng JSON per group.
-    Native modes write their own MANIFEST + COMMIT files as the paper does;
-    through ckptfs the application writes only the three parts plainly.
-W2  one torch.save of SIZE MiB made durable; in async mode also the stall
-    (time until torch.save returns).
+Invariant: both daemons are unmounted and stopped by PID and the scratch
+directory is removed on every exit path.
 """
 
 from __future__ import annotations
@@ -18,8 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import statistics
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,153 +29,113 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from .common import CKPTFS, MODES, ROOT, Daemon, fsync_path
+from .report import write_markdown
+from .workloads import raw_disk, stream_write, w1, w2, w3, w4, w5, w5_prepare
 
-from ckptfs.cli import is_ckptfs_mount  # noqa: E402
+
+def _machine() -> dict[str, str]:
+    cpu = "?"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    with open("/proc/meminfo") as f:
+        mem = int(f.readline().split()[1]) / (1 << 20)
+    return {"cpu": cpu, "mem_gib": f"{mem:.0f}"}
 
 
-def fsync_path(p: Path, directory: bool = False) -> None:
-    fd = os.open(p, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
+def _fs_of(path: Path) -> tuple[str, str]:
+    r = subprocess.run(["df", "--output=source,fstype", str(path)], capture_output=True, text=True)
+    src, fstype = r.stdout.splitlines()[-1].split()
+    return fstype, src
+
+
+def run(a: argparse.Namespace, base: Path) -> dict:
+    fstype, device = _fs_of(base)
+    res: dict = {"groups": a.groups, "size_mib": a.size_mib, "reps": a.reps, "w6_mib": a.w6_mib,
+                 "w3_shards": a.shards, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M"),
+                 "fstype": fstype, "device": device, **_machine(),
+                 "modes": {m: {"w1": [], "w2": [], "w3": {str(n): [] for n in a.shards}, "w4": []} for m in MODES}}
+    for m in MODES:
+        (base / m).mkdir()
+    for m in ("unsafe", *CKPTFS):
+        w5_prepare(base / m / "w5")  # natively, before the mounts cover it
+    res["raw_disk"] = raw_disk(base, a.size_mib)
+    print("raw disk", res["raw_disk"], flush=True)
+    daemons: dict[str, Daemon] = {}
     try:
-        os.fsync(fd)
+        for m in CKPTFS:
+            daemons[m] = Daemon(base / m, m.split("-")[1])
+        sd = {"w": torch.randn((a.size_mib << 20) // 4 // 8, 8)}
+        buf = memoryview(sd["w"].numpy()).cast("B")
+        for rep in range(a.reps):
+            for m in MODES:
+                wmode = "ckptfs" if m in CKPTFS else m
+                aw = m == "ckptfs-async"
+                r = res["modes"][m]
+                d = base / m / f"rep{rep}"
+                d.mkdir()
+                (d / "w1").mkdir()
+                r["w1"].extend(w1(d / "w1", wmode, a.groups, aw))
+                r["w2"].append(w2(d, sd, wmode, aw))
+                if m in (*CKPTFS, "atomic_dirsync"):
+                    r["w4"].append(w4(d / "model.pt"))
+                os.unlink(d / "model.pt")
+                for n in a.shards:
+                    r["w3"][str(n)].append(w3(d, buf, n, wmode, aw))
+                print(f"rep {rep} {m}: w1 p50 {1e3 * sorted(r['w1'])[len(r['w1']) // 2]:.2f} ms, w2 {r['w2'][-1]}, "
+                      f"w3 {[r['w3'][str(n)][-1] for n in a.shards]}, w4 {r['w4'][-1] if r['w4'] else '-'}",
+                      flush=True)
+        del buf, sd
+        res["w5"] = {m: w5(base / m / "w5", a.w5_rounds) for m in ("unsafe", *CKPTFS)}
+        print("w5", res["w5"], flush=True)
+        res["w6"] = {}
+        for m, dm in daemons.items():
+            before_cpu, before_bytes = dm.cpu_s(), dm.stats().get("bytes_written", 0)
+            rss: list[int] = []
+            took = stream_write(base / m / "w6.bin", a.w6_mib, lambda dm=dm, rss=rss: rss.append(dm.rss_kib()[0]))
+            if m == "ckptfs-async":
+                fsync_path(base / m, directory=True)
+            cpu, written = dm.cpu_s(), dm.stats().get("bytes_written", 0)
+            os.unlink(base / m / "w6.bin")
+            res["w6"][m] = {
+                "peak_rss_mib": dm.rss_kib()[1] / 1024, "stream_rss_max_mib": max(rss) / 1024,
+                "stream_cpu_s_per_gib": (cpu - before_cpu) / ((written - before_bytes) / (1 << 30)),
+                "run_cpu_s_per_gib": cpu / (written / (1 << 30)), "stream_s": took, "bytes_written": written,
+            }
+        print("w6", res["w6"], flush=True)
     finally:
-        os.close(fd)
-
-
-def write_file(p: Path, data: bytes, mode: str) -> None:
-    """Write data at p in one of the paper's modes (or plain for ckptfs)."""
-    if mode in ("unsafe", "ckptfs"):
-        with open(p, "wb") as f:
-            f.write(data)
-        return
-    tmp = p.with_name(p.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, p)
-    if mode == "atomic_dirsync":
-        fsync_path(p.parent, directory=True)
-
-
-def w1(root: Path, mode: str, groups: int) -> list[float]:
-    model, opt = os.urandom(128 << 10), os.urandom(64 << 10)
-    lat = []
-    for g in range(groups):
-        t0 = time.perf_counter()
-        d = root / f"step_{g:06d}"
-        d.mkdir()
-        if mode == "atomic_dirsync":
-            fsync_path(root, directory=True)
-        parts = {"model.bin": model, "optim.bin": opt, "rng.json": json.dumps({"seed": g}).encode()}
-        for name, data in parts.items():
-            write_file(d / name, data, mode)
-        if mode != "ckptfs":
-            manifest = json.dumps({n: len(b) for n, b in parts.items()}).encode()
-            write_file(d / "MANIFEST.json", manifest, mode)
-            write_file(d / "COMMIT", b"ok", mode)
-        lat.append(time.perf_counter() - t0)
-    return lat
-
-
-def w2(root: Path, mode: str, size_mib: int, async_mount: bool) -> dict[str, float]:
-    sd = {"w": torch.randn((size_mib << 20) // 4 // 8, 8)}
-    p = root / "model.pt"
-    t0 = time.perf_counter()
-    if mode in ("unsafe", "ckptfs"):
-        torch.save(sd, p)
-    else:
-        tmp = root / "model.pt.tmp"
-        with open(tmp, "wb") as f:
-            torch.save(sd, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-        if mode == "atomic_dirsync":
-            fsync_path(root, directory=True)
-    stall = time.perf_counter() - t0
-    if async_mount:
-        fsync_path(root, directory=True)  # wait until durable
-    return {"stall_s": stall, "durable_s": time.perf_counter() - t0}
-
-
-class Daemon:
-    def __init__(self, d: Path, commit: str) -> None:
-        self.d = d
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        self.p = subprocess.Popen([sys.executable, "-m", "ckptfs", "mount", "-f", str(d), "--commit", commit],
-                                  env=env, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
-        while not is_ckptfs_mount(str(d)):
-            if time.monotonic() > deadline or self.p.poll() is not None:
-                raise RuntimeError("ckptfs did not mount")
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        if subprocess.run(["fusermount3", "-u", str(self.d)]).returncode != 0:
-            subprocess.run(["fusermount3", "-uz", str(self.d)])
-        self.p.wait(300)
-
-
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+        for dm in daemons.values():
+            dm.stop()
+    return res
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m bench")
-    ap.add_argument("--groups", type=int, default=400)
-    ap.add_argument("--size-mib", type=int, default=1024)
+    ap.add_argument("--groups", type=int, default=400, help="W1 groups per repetition")
+    ap.add_argument("--size-mib", type=int, default=1024, help="W2/W3/W4 checkpoint size")
+    ap.add_argument("--shards", type=int, nargs="+", default=[64, 512], help="W3 shard counts")
+    ap.add_argument("--reps", type=int, default=3, help="repetitions (interleaved across modes)")
+    ap.add_argument("--w5-rounds", type=int, default=5)
+    ap.add_argument("--w6-mib", type=int, default=4096, help="W6 streamed file size")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (CI)")
     ap.add_argument("--dir", default=None, help="backing filesystem to test (default: a temp dir)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "performance.md"))
     a = ap.parse_args()
     if a.smoke:
-        a.groups, a.size_mib = 10, 8
+        a.groups, a.size_mib, a.shards, a.reps, a.w5_rounds, a.w6_mib = 10, 8, [4, 16], 1, 1, 16
     base = Path(tempfile.mkdtemp(prefix="ckptfs-bench-", dir=a.dir))
-    modes = ["unsafe", "atomic_nodirsync", "atomic_dirsync", "ckptfs-sync", "ckptfs-async"]
-    res: dict[str, dict] = {}
-    for mode in modes:
-        d = base / mode
-        d.mkdir()
-        daemon = Daemon(d, mode.split("-")[1]) if mode.startswith("ckptfs") else None
-        try:
-            wmode = "ckptfs" if daemon else mode
-            (d / "w1").mkdir()
-            lat = w1(d / "w1", wmode, a.groups)
-            if mode == "ckptfs-async":
-                t0 = time.perf_counter()
-                fsync_path(d / "w1", directory=True)
-                lat[-1] += time.perf_counter() - t0
-            (d / "w2").mkdir()
-            r2 = w2(d / "w2", wmode, a.size_mib, mode == "ckptfs-async")
-        finally:
-            if daemon:
-                daemon.stop()
-        res[mode] = {"w1_p50_ms": 1e3 * statistics.median(lat), "w1_p90_ms": 1e3 * pct(lat, 0.9),
-                     "w1_p99_ms": 1e3 * pct(lat, 0.99), **r2}
-        print(mode, json.dumps({k: round(v, 4) for k, v in res[mode].items()}), flush=True)
-    subprocess.run(["rm", "-rf", str(base)])
-    ref = res["atomic_dirsync"]
-    lines = [
-        "# Performance results", "",
-        f"Machine: {platform.machine()}, {os.cpu_count()} cores, Linux {platform.release()}, "
-        f"Python {platform.python_version()}, torch {torch.__version__}. "
-        f"Command: `python -m bench --groups {a.groups} --size-mib {a.size_mib}`"
-        + (" (smoke)" if a.smoke else "") + f". Date: {time.strftime('%Y-%m-%d')}.", "",
-        f"W1: {a.groups} groups (128 KiB + 64 KiB + rng JSON). W2: one torch.save of {a.size_mib} MiB, durable.", "",
-        "| mode | W1 p50 ms | W1 p90 ms | W1 p99 ms | W1 p50 / atomic_dirsync | W2 durable s | W2 stall s "
-        "| W2 / atomic_dirsync |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for mode, r in res.items():
-        lines.append(f"| {mode} | {r['w1_p50_ms']:.2f} | {r['w1_p90_ms']:.2f} | {r['w1_p99_ms']:.2f} | "
-                     f"{r['w1_p50_ms'] / ref['w1_p50_ms']:.2f} | {r['durable_s']:.3f} | {r['stall_s']:.3f} | "
-                     f"{r['durable_s'] / ref['durable_s']:.2f} |")
+    try:
+        res = run(a, base)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
+    out.with_suffix(".json").write_text(json.dumps(res, indent=1))
+    cmd = "python -m bench " + " ".join(sys.argv[1:])
+    write_markdown(res, out, cmd.strip())
     print(f"wrote {out}")
 
 

@@ -52,6 +52,7 @@ XATTR_PREFIX = "user.ckptfs."
 CONTROL_SEAL = "user.ckptfs.seal"  # setfattr on a directory: seal it as a group now
 CONTROL_GC = "user.ckptfs.gc"  # setfattr on the root: delete quarantined groups
 COMPACT_EVERY = int(os.environ.get("CKPTFS_COMPACT_EVERY", "4096"))
+WRITEBACK_WINDOW = 8 << 20  # staged data is pushed to disk in windows of this size while written
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,7 @@ class CkptFS(GroupOps):
                                    scrub_interval=scrub_interval, scrub_rate_mb=scrub_rate_mb,
                                    generations=self.recovery.generations,
                                    metadata_problems=self.recovery.problems)
+        self._writeback = getattr(store, "writeback_hint", None) or (lambda fd, off, n: None)
         log.info("recovery: %s", self.recovery.summary())
 
     def _housekeep(self, interval: float) -> None:
@@ -449,7 +451,12 @@ class CkptFS(GroupOps):
                     self._poison(v, f"write failed: {e}")
                     raise
                 v.digest.update(data, offset)
-                v.size = max(v.size, offset + n)
+                end = offset + n
+                if end // WRITEBACK_WINDOW != offset // WRITEBACK_WINDOW:
+                    # a window filled up: start its writeback now, so the fsync
+                    # at commit finds little left to write (a hint only)
+                    self._writeback(v.fd, (end // WRITEBACK_WINDOW - 1) * WRITEBACK_WINDOW, WRITEBACK_WINDOW)
+                v.size = max(v.size, end)
                 v.dirty = True
                 self.stats["bytes_written"] += n
                 return n

@@ -59,7 +59,10 @@ def make_operations(mfusepy: Any, fs: CkptFS) -> Any:
                 config.attr_timeout = 1.0
                 config.negative_timeout = 0.0
             if conn is not None:
-                log.info("FUSE connection: max_write=%s max_readahead=%s", conn.max_write, conn.max_readahead)
+                # no FUSE_CAP_HANDLE_KILLPRIV_V2 in libfuse 3.14 (capable lacks it), so the kernel
+                # keeps probing security.capability before each write (one round trip)
+                log.info("FUSE connection: max_write=%s max_readahead=%s capable=%#x want=%#x",
+                         conn.max_write, conn.max_readahead, conn.capable, conn.want)
 
         def destroy(self, path: str) -> None:
             fs.shutdown()

@@ -16,8 +16,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from .hashing import IncrementalDigest
 from .records import FileRecord
+from .streamhash import AsyncDigest
 
 
 @dataclass(eq=False)
@@ -25,7 +25,7 @@ class Version:
     path: str
     staging: str
     fd: int
-    digest: IncrementalDigest = field(default_factory=IncrementalDigest)
+    digest: AsyncDigest = field(default_factory=AsyncDigest)  # hashed off the request path
     size: int = 0
     dirty: bool = True
     state: str = "open"  # open | queued | committing | installed | discarded

@@ -1,0 +1,175 @@
+"""The workloads of issue 6.  Each takes a directory (native or a ckptfs mount)
+and a write mode (one of the paper's three, or ``ckptfs`` = plain writes, the
+filesystem seals) and returns timings in seconds.
+
+Invariant: every workload leaves its directory as it found it (it removes what
+it wrote), so repetitions start from the same state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+from .common import drop_caches, fsync_path, write_file
+
+
+def w1(root: Path, mode: str, groups: int, durable_wait: bool) -> list[float]:
+    """The paper's group: per group a directory with 128 KiB model + 64 KiB
+    optimizer + rng JSON (native modes add MANIFEST + COMMIT).  Returns the
+    latency of each group.  ``durable_wait``: async mount, the last group also
+    waits for ``fsync(dir)`` (everything durable)."""
+    model, opt = os.urandom(128 << 10), os.urandom(64 << 10)
+    os.sync()  # start from a quiet disk (earlier modes' dirty pages written back)
+    lat = []
+    for g in range(groups):
+        t0 = time.perf_counter()
+        d = root / f"step_{g:06d}"
+        d.mkdir()
+        if mode == "atomic_dirsync":
+            fsync_path(root, directory=True)
+        parts = {"model.bin": model, "optim.bin": opt, "rng.json": json.dumps({"seed": g}).encode()}
+        for name, data in parts.items():
+            write_file(d / name, data, mode)
+        if mode != "ckptfs":
+            manifest = json.dumps({n: len(b) for n, b in parts.items()}).encode()
+            write_file(d / "MANIFEST.json", manifest, mode)
+            write_file(d / "COMMIT", b"ok", mode)
+        lat.append(time.perf_counter() - t0)
+    if durable_wait:
+        t0 = time.perf_counter()
+        fsync_path(root, directory=True)
+        lat[-1] += time.perf_counter() - t0
+    return lat
+
+
+def w2(root: Path, sd: dict, mode: str, durable_wait: bool) -> dict[str, float]:
+    """One torch.save of ``sd`` made durable at ``root/model.pt`` (kept for W4)."""
+    p = root / "model.pt"
+    os.sync()
+    t0 = time.perf_counter()
+    if mode in ("unsafe", "ckptfs"):
+        torch.save(sd, p)
+    else:
+        tmp = root / "model.pt.tmp"
+        with open(tmp, "wb") as f:
+            torch.save(sd, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+        if mode == "atomic_dirsync":
+            fsync_path(root, directory=True)
+    stall = time.perf_counter() - t0
+    if durable_wait:
+        fsync_path(root, directory=True)
+    return {"stall_s": stall, "durable_s": time.perf_counter() - t0}
+
+
+def w3(root: Path, buf: memoryview, shards: int, mode: str, durable_wait: bool) -> float:
+    """DCP-style save: ``buf`` split into ``shards`` files, then ``.metadata``
+    last; per-file in the given mode.  Returns seconds until durable."""
+    d = root / f"dcp_{shards}"
+    per = len(buf) // shards
+    os.sync()
+    t0 = time.perf_counter()
+    d.mkdir()
+    if mode == "atomic_dirsync":
+        fsync_path(root, directory=True)
+    index = {}
+    for i in range(shards):
+        name = f"__{i}_0.distcp"
+        write_file(d / name, buf[i * per:(i + 1) * per], mode)
+        index[name] = per
+    write_file(d / ".metadata", pickle.dumps({"storage": index, "planner": "bench"}), mode)
+    if durable_wait:
+        fsync_path(d, directory=True)
+    took = time.perf_counter() - t0
+    shutil.rmtree(d)
+    return took
+
+
+def w4(path: Path) -> dict[str, float]:
+    """torch.load of ``path`` cold (page cache dropped, where permitted) and warm."""
+    out: dict[str, float] = {}
+    cold = drop_caches()
+    t0 = time.perf_counter()
+    sd = torch.load(path, weights_only=True)
+    out["cold_s" if cold else "first_s"] = time.perf_counter() - t0
+    del sd
+    t0 = time.perf_counter()
+    sd = torch.load(path, weights_only=True)
+    out["warm_s"] = time.perf_counter() - t0
+    del sd
+    return out
+
+
+def w5_prepare(d: Path, n: int = 1000) -> None:
+    """Create ``n`` small files in ``d`` (done natively, before mounting)."""
+    d.mkdir()
+    for i in range(n):
+        with open(d / f"f{i:05d}", "wb") as f:
+            f.write(b"x")
+
+
+def w5(d: Path, rounds: int) -> dict[str, float]:
+    """Metadata rates in ``d`` (1000 entries): ops/s of stat, open+close, and
+    readdirs/s of the whole directory; median over ``rounds``."""
+    names = [str(d / n) for n in sorted(os.listdir(d))]
+    res: dict[str, list[float]] = {"stat_ops": [], "openclose_ops": [], "readdir_ops": []}
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for p in names:
+            os.stat(p)
+        res["stat_ops"].append(len(names) / (time.perf_counter() - t0))
+        t0 = time.perf_counter()
+        for p in names:
+            os.close(os.open(p, os.O_RDONLY))
+        res["openclose_ops"].append(len(names) / (time.perf_counter() - t0))
+        t0 = time.perf_counter()
+        for _ in range(10):
+            assert len(os.listdir(d)) == len(names)
+        res["readdir_ops"].append(10 / (time.perf_counter() - t0))
+    return {k: sorted(v)[len(v) // 2] for k, v in res.items()}
+
+
+def stream_write(p: Path, size_mib: int, sample) -> float:
+    """Write ``size_mib`` MiB in 1 MiB writes (small client memory), close;
+    call ``sample()`` every 64 MiB.  Returns seconds."""
+    block = os.urandom(1 << 20)
+    os.sync()
+    t0 = time.perf_counter()
+    with open(p, "wb") as f:
+        for i in range(size_mib):
+            f.write(block)
+            if i % 64 == 0:
+                sample()
+    sample()
+    took = time.perf_counter() - t0
+    return took
+
+
+_DD_RE = re.compile(r"([\d.]+) s, ([\d.]+) ([kMG]?B)/s")
+
+
+def raw_disk(d: Path, size_mib: int) -> dict[str, float]:
+    """Sequential durable write bandwidth of the backing disk with dd:
+    buffered + fdatasync at the end, and O_DIRECT + fdatasync.  MB/s (10^6)."""
+    out: dict[str, float] = {}
+    f = d / "raw.dd"
+    for label, flags in (("dd_fdatasync_MBps", ["conv=fdatasync"]),
+                         ("dd_direct_MBps", ["oflag=direct", "conv=fdatasync"])):
+        r = subprocess.run(["dd", "if=/dev/zero", f"of={f}", "bs=1M", f"count={size_mib}", *flags],
+                           capture_output=True, text=True)
+        m = _DD_RE.search(r.stderr)
+        if r.returncode == 0 and m:
+            out[label] = size_mib * (1 << 20) / float(m.group(1)) / 1e6
+        f.unlink(missing_ok=True)
+    return out
