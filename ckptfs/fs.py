@@ -36,7 +36,7 @@ from typing import Any
 from . import META_DIR, __version__, crashpoints, formats, procinfo
 from .backing import BackingStore
 from .group_ops import GroupOps
-from .groups import COMMITTED_VIEW, OPEN, SEALED, SealError, read_seal
+from .groups import COMMITTED_VIEW, CORRUPT, OPEN, SEALED, SealError, read_seal
 from .hashing import digest_fd
 from .integrity import CONTROL_XATTR, Integrity
 from .journal import STAGING, Journal
@@ -257,6 +257,8 @@ class CkptFS(GroupOps):
         g = self.groups.get(path)
         if g is not None and g.state == OPEN:
             self._check_torn(g)
+        elif g is not None and g.state == SEALED and g.corrupt:
+            self._quarantine_corrupt(g)
         return self._st(self.store.lstat(path))
 
     def readdir(self, path: str) -> list[str]:
@@ -958,7 +960,7 @@ class CkptFS(GroupOps):
         out: dict[str, str] = {}
         g = self.groups.get(path)
         if g is not None and g.state in (OPEN, SEALED):
-            out["user.ckptfs.status"] = g.state
+            out["user.ckptfs.status"] = CORRUPT if g.corrupt else g.state
             out["user.ckptfs.group"] = json.dumps(self.group_summary(g), sort_keys=True)
             if g.state == SEALED:
                 try:

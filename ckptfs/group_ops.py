@@ -305,12 +305,32 @@ class GroupOps:
         if g is not None and g.state == OPEN:
             g.reason = f"writer killed: {why}"
 
+    def note_corrupt(self, path: str, detail: str) -> None:
+        """A committed file failed verification (integrity.py).  Never blocks: the sealed group holding
+        it is marked and quarantined by the next sweep (listing its parent, looking it up, or the
+        housekeeper within a second), so resume logic falls back to the newest good group."""
+        g = self._group_of(path)
+        if g is not None and g.state == SEALED and not g.corrupt:
+            g.corrupt = f"{path[len(g.path) + 1:]}: {detail}"
+            log.error("group %s is corrupt (%s); it will be quarantined", g.path, g.corrupt)
+
+    def _quarantine_corrupt(self, g: GroupState) -> bool:
+        self._barrier()
+        with self.commit_lock:
+            if g.state != SEALED or self.groups.get(g.path) is not g:
+                return False
+            self._quarantine(g, CORRUPT, f"file failed verification: {g.corrupt}")
+        return True
+
     def _sweep_children(self, d: str) -> None:
-        """Before listing ``d``: quarantine torn groups and settle abandoned deletions inside it."""
+        """Before listing ``d``: quarantine torn/corrupt groups and settle abandoned deletions in it."""
         pre = d + "/" if d else ""
-        for g in [g for g in self.groups.values() if g.state in (OPEN, TRASHED) and g.path.startswith(pre)
+        for g in [g for g in self.groups.values() if g.state in (OPEN, TRASHED, SEALED) and g.path.startswith(pre)
                   and "/" not in g.path[len(pre):]]:
-            if g.state == OPEN:
+            if g.state == SEALED:
+                if g.corrupt:
+                    self._quarantine_corrupt(g)
+            elif g.state == OPEN:
                 self._check_torn(g)
             else:
                 self._check_abandoned_delete(g)
@@ -328,6 +348,8 @@ class GroupOps:
         now = time.time()
         for g in [g for g in self.groups.values() if g.state == TRASHED]:
             self._check_abandoned_delete(g)
+        for g in [g for g in self.groups.values() if g.state == SEALED and g.corrupt]:
+            self._quarantine_corrupt(g)
         for g in [g for g in self.groups.values() if g.state == OPEN]:
             if self._check_torn(g):
                 continue

@@ -70,10 +70,11 @@ class GroupState:
     step: int | None = None
     seal_requested: str = ""  # a completion event seen while files were still open (live only)
     last_activity: float = 0.0  # live only
+    corrupt: str = ""  # a file failed verification; quarantined by the next sweep (live only)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
-        for live_only in ("pids", "seal_requested", "last_activity"):
+        for live_only in ("pids", "seal_requested", "last_activity", "corrupt"):
             d.pop(live_only)
         return d
 

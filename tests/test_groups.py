@@ -370,3 +370,27 @@ def test_dcp_shards_in_step_dir_never_idle_sealed(tmp_path: Path) -> None:
         assert json.loads(os.getxattr(g, "user.ckptfs.group"))["rule"] == "dcp"
         (g / ".metadata").write_bytes(b"m")
         assert status(g) == "sealed"
+
+
+def test_corrupt_group_hidden_resume_falls_back(tmp_path: Path) -> None:
+    src, mp = tmp_path / "src", tmp_path / "mnt"
+    src.mkdir()
+    mp.mkdir()
+    with Mount(mp, backing=src, extra_args=["--scrub-interval", "0"]) as m:
+        save_hf_like(m.path, 1)
+        save_hf_like(m.path, 2)
+        f = src / "checkpoint-2" / "model.pt"  # bit rot below the filesystem
+        with open(f, "r+b") as fh:
+            fh.seek(300)
+            b = fh.read(1)
+            fh.seek(300)
+            fh.write(bytes([b[0] ^ 0x10]))
+        with pytest.raises((OSError, RuntimeError)):
+            torch.load(m.path / "checkpoint-2" / "model.pt")
+        # resume logic of the HF kind: newest checkpoint-N directory
+        newest = max(os.listdir(m.path), key=lambda n: int(n.split("-")[1]))
+        assert newest == "checkpoint-1"
+        assert torch.equal(torch.load(m.path / newest / "model.pt")["w"], torch.full((64,), 1.0))
+        rows = json.loads(cli("ls", str(m.path), "--all", "--json").stdout)
+        assert [(r["step"], r["state"]) for r in rows] == [(1, "sealed"), (2, "corrupt")]
+        assert "model.pt" in rows[1]["reason"]
