@@ -27,6 +27,7 @@ import time
 
 from . import META_DIR
 from .backing import OsBackingStore
+from .cli_groups import find_backing_root, find_mount_root
 from .verify import Finding, ProgressBar, RateLimiter, load_offline, select, untracked_files, verify_many
 
 CONTROL = b"user.ckptfs.control"
@@ -80,30 +81,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 # ----------------------------------------------------------------- helpers
-def _mount_root(path: str) -> str | None:
-    from .cli import is_ckptfs_mount
-
-    p = os.path.abspath(path)
-    while True:
-        if is_ckptfs_mount(p):
-            return p
-        up = os.path.dirname(p)
-        if up == p:
-            return None
-        p = up
-
-
-def _backing_root(path: str) -> str | None:
-    p = os.path.abspath(path)
-    while True:
-        if os.path.isdir(os.path.join(p, META_DIR)):
-            return p
-        up = os.path.dirname(p)
-        if up == p:
-            return None
-        p = up
-
-
 def _report(findings: list[Finding], problems: list[str], untracked: list[str], as_json: bool) -> int:
     bad = [f for f in findings if not f.ok]
     if as_json:
@@ -124,7 +101,7 @@ def _report(findings: list[Finding], problems: list[str], untracked: list[str], 
 
 
 def _offline(path: str, rate: float, progress: bool, as_json: bool) -> int:
-    root = _backing_root(path)
+    root = find_backing_root(path)
     if root is None:
         raise _Err(f"{path}: not inside a ckptfs directory (no {META_DIR} found)")
     rel = os.path.relpath(os.path.abspath(path), root)
@@ -208,7 +185,7 @@ def cmd_verify(a: argparse.Namespace) -> int:
     if not os.path.lexists(a.path):
         raise CliError(f"{a.path}: no such file or directory")
     try:
-        if _mount_root(a.path):
+        if find_mount_root(a.path):
             return _mounted(a.path, a.progress, a.json)
         return _offline(a.path, 0.0, a.progress, a.json)
     except _Err as e:
@@ -221,7 +198,7 @@ def cmd_scrub(a: argparse.Namespace) -> int:
     d = os.path.abspath(a.dir)
     if not os.path.isdir(d):
         raise CliError(f"{d}: no such directory")
-    root = _mount_root(d)
+    root = find_mount_root(d)
     if root is None:
         try:
             return _offline(d, a.rate, a.progress, a.json)
