@@ -65,10 +65,10 @@ def test_each_fault_class_offline_then_mount(tmp_path: Path) -> None:
         for name in ("bitflip", "zero", "trunc", "ext", "clean1", "clean2"):
             tensors[name] = torch.randn(400_000)  # 1.6 MB: two chunks
             torch.save({"w": tensors[name]}, d / f"{name}.pt")
-        (d / "step_5").mkdir()
+        (d / "shards").mkdir()  # not a group dir: file-level swap detection (group hiding: test_groups.py)
         for k in range(2):
             tensors[f"s{k}"] = torch.randn(50_000)
-            torch.save({"w": tensors[f"s{k}"]}, d / "step_5" / f"shard_{k}.pt")
+            torch.save({"w": tensors[f"s{k}"]}, d / "shards" / f"shard_{k}.pt")
         (d / "notes.txt").write_text("untracked?")  # committed too (any file written via the mount)
     size = (d / "bitflip.pt").stat().st_size
     flip(d / "bitflip.pt", size - 200)  # in the zip central directory, chunk 1
@@ -78,14 +78,14 @@ def test_each_fault_class_offline_then_mount(tmp_path: Path) -> None:
     os.truncate(d / "trunc.pt", (d / "trunc.pt").stat().st_size - 1)
     with open(d / "ext.pt", "ab") as f:
         f.write(b"\0")
-    a, b, t = d / "step_5/shard_0.pt", d / "step_5/shard_1.pt", d / "step_5/tmp"
+    a, b, t = d / "shards/shard_0.pt", d / "shards/shard_1.pt", d / "shards/tmp"
     os.rename(a, t)
     os.rename(b, a)
     os.rename(t, b)
 
     off = ckptfs_cli("verify", str(d))
     assert off.returncode == 1, off
-    for name in ("bitflip.pt", "zero.pt", "trunc.pt", "ext.pt", "step_5/shard_0.pt", "step_5/shard_1.pt"):
+    for name in ("bitflip.pt", "zero.pt", "trunc.pt", "ext.pt", "shards/shard_0.pt", "shards/shard_1.pt"):
         assert f"{name}: CORRUPT" in off.stderr, (name, off.stderr)
     assert "clean1.pt: CORRUPT" not in off.stderr and "verified 9 committed files: 3 ok, 6 corrupt" in off.stdout
 
@@ -104,8 +104,8 @@ def test_each_fault_class_offline_then_mount(tmp_path: Path) -> None:
             assert ei.value.errno == errno.EIO
             assert xattr(d / f"{name}.pt", "status") == "corrupt" and why in xattr(d / f"{name}.pt", "error")
         for k in range(2):
-            expect_eio(d / "step_5" / f"shard_{k}.pt")
-            assert f"committed for step_5/shard_{1 - k}.pt" in xattr(d / "step_5" / f"shard_{k}.pt", "error")
+            expect_eio(d / "shards" / f"shard_{k}.pt")
+            assert f"committed for shards/shard_{1 - k}.pt" in xattr(d / "shards" / f"shard_{k}.pt", "error")
         for name in ("clean1", "clean2"):  # controls
             assert torch.equal(torch.load(d / f"{name}.pt")["w"], tensors[name])
             assert xattr(d / f"{name}.pt", "status") == "committed"
@@ -113,7 +113,7 @@ def test_each_fault_class_offline_then_mount(tmp_path: Path) -> None:
         assert (d / "notes.txt").read_text() == "untracked?"
         events = json.loads(xattr(d, "corrupt"))
         assert {e["path"] for e in events} == {"bitflip.pt", "zero.pt", "trunc.pt", "ext.pt",
-                                               "step_5/shard_0.pt", "step_5/shard_1.pt"}
+                                               "shards/shard_0.pt", "shards/shard_1.pt"}
         assert stats(d)["corrupt_detected"] == 6
         on = ckptfs_cli("verify", str(d))  # mounted mode: the daemon re-verifies
         assert on.returncode == 1 and on.stderr.count("CORRUPT") == 6, on
