@@ -372,19 +372,38 @@ def test_dcp_shards_in_step_dir_never_idle_sealed(tmp_path: Path) -> None:
         assert status(g) == "sealed"
 
 
-def test_corrupt_group_hidden_resume_falls_back(tmp_path: Path) -> None:
+def _damage(src: Path, cls: str) -> None:
+    """One fault of each class of issue 4 in checkpoint-2 of the backing directory."""
+    f = src / "checkpoint-2" / "model.pt"
+    data = bytearray(f.read_bytes())
+    if cls == "swap":  # two files of the group exchanged
+        o = src / "checkpoint-2" / "optimizer.pt"
+        os.rename(f, src / "x.tmp")
+        os.rename(o, f)
+        os.rename(src / "x.tmp", o)
+        return
+    if cls == "bitflip":
+        data[300] ^= 0x10
+    elif cls == "zero-range":
+        data[100:400] = bytes(300)
+    elif cls == "truncation":
+        del data[-50:]
+    elif cls == "extension":
+        data += b"\0" * 10
+    with open(f, "r+b") as fh:  # in place: same inode (bit rot, not a replacement)
+        fh.write(data)
+        fh.truncate(len(data))
+
+
+@pytest.mark.parametrize("cls", ["bitflip", "zero-range", "truncation", "extension", "swap"])
+def test_corrupt_group_hidden_resume_falls_back(tmp_path: Path, cls: str) -> None:
     src, mp = tmp_path / "src", tmp_path / "mnt"
     src.mkdir()
     mp.mkdir()
     with Mount(mp, backing=src, extra_args=["--scrub-interval", "0"]) as m:
         save_hf_like(m.path, 1)
         save_hf_like(m.path, 2)
-        f = src / "checkpoint-2" / "model.pt"  # bit rot below the filesystem
-        with open(f, "r+b") as fh:
-            fh.seek(300)
-            b = fh.read(1)
-            fh.seek(300)
-            fh.write(bytes([b[0] ^ 0x10]))
+        _damage(src, cls)
         with pytest.raises((OSError, RuntimeError)):
             torch.load(m.path / "checkpoint-2" / "model.pt")
         # resume logic of the HF kind: newest checkpoint-N directory
@@ -394,3 +413,5 @@ def test_corrupt_group_hidden_resume_falls_back(tmp_path: Path) -> None:
         rows = json.loads(cli("ls", str(m.path), "--all", "--json").stdout)
         assert [(r["step"], r["state"]) for r in rows] == [(1, "sealed"), (2, "corrupt")]
         assert "model.pt" in rows[1]["reason"]
+    with Mount(mp, backing=src):  # stays hidden after a remount
+        assert os.listdir(mp) == ["checkpoint-1"]
