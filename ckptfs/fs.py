@@ -35,16 +35,21 @@ from typing import Any
 
 from . import META_DIR, __version__, crashpoints, formats, procinfo
 from .backing import BackingStore
+from .group_ops import GroupOps
+from .groups import COMMITTED_VIEW, OPEN, SEALED
 from .hashing import digest_fd
 from .journal import STAGING, Journal
 from .records import FileRecord
 from .recovery import move_prefix, parent, recover
+from .rules import RuleSet
 from .versions import Handle, Version
 
 log = logging.getLogger("ckptfs")
 
 ENODATA = getattr(errno, "ENODATA", getattr(errno, "ENOATTR", 61))
 XATTR_PREFIX = "user.ckptfs."
+CONTROL_SEAL = "user.ckptfs.seal"  # setfattr on a directory: seal it as a group now
+CONTROL_GC = "user.ckptfs.gc"  # setfattr on the root: delete quarantined groups
 COMPACT_EVERY = int(os.environ.get("CKPTFS_COMPACT_EVERY", "4096"))
 
 
@@ -66,7 +71,15 @@ def is_meta(path: str) -> bool:
     return path == META_DIR or path.startswith(META_DIR + "/")
 
 
-class CkptFS:
+def is_view(path: str) -> bool:
+    return path == COMMITTED_VIEW or path.startswith(COMMITTED_VIEW + "/")
+
+
+def reserved(path: str) -> bool:
+    return is_meta(path) or is_view(path)
+
+
+class CkptFS(GroupOps):
     """Crash-consistent checkpoint filesystem over a BackingStore."""
 
     def __init__(
@@ -78,11 +91,14 @@ class CkptFS:
         max_backlog: int = 64,
         max_backlog_bytes: int = 16 << 30,
         backing_label: str = "",
+        rules: RuleSet | None = None,
+        housekeeping_interval: float = 1.0,
     ) -> None:
         if commit_mode not in ("sync", "async"):
             raise ValueError("commit_mode must be 'sync' or 'async'")
         self.store = store
         self.commit_mode = commit_mode
+        self.rules = rules or RuleSet()
         self.check_formats = check_formats
         self.backing_label = backing_label
         self.lock = threading.RLock()
@@ -90,6 +106,7 @@ class CkptFS:
         self.journal = Journal(store)
         self.recovery = recover(store, self.journal)
         self.records: dict[str, FileRecord] = self.recovery.files
+        self.groups = self.recovery.groups
         self.aborts: collections.deque[dict] = collections.deque(self.recovery.aborts, maxlen=100)
         self.last_abort: dict[str, str] = {}
         self.pending: dict[str, Version] = {}  # path -> version open for writing
@@ -101,7 +118,20 @@ class CkptFS:
         self._as_root = hasattr(os, "geteuid") and os.geteuid() == 0
         self.shut_down = False
         self.committer = _Committer(self, max_backlog, max_backlog_bytes) if commit_mode == "async" else None
+        self._stop = threading.Event()
+        self._housekeeper: threading.Thread | None = None
+        if housekeeping_interval > 0:
+            self._housekeeper = threading.Thread(target=self._housekeep, args=(housekeeping_interval,),
+                                                 name="ckptfs-housekeeper", daemon=True)
+            self._housekeeper.start()
         log.info("recovery: %s", self.recovery.summary())
+
+    def _housekeep(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            try:
+                self.housekeeping()
+            except Exception:  # never let a background check kill the daemon
+                log.exception("housekeeping failed")
 
     # ------------------------------------------------------------------ util
     @staticmethod
@@ -111,6 +141,24 @@ class CkptFS:
     def _check_visible(self, path: str) -> None:
         if is_meta(path):
             raise _err(errno.ENOENT)
+        if is_view(path):
+            raise _err(errno.EROFS)
+
+    def _view_real(self, path: str) -> str:
+        """The real path a committed-view path shows; ENOENT where the view hides it.
+
+        The view shows only sealed groups and installed file versions (the
+        backing path's content), never open, torn or corrupt groups."""
+        real = path[len(COMMITTED_VIEW):].strip("/")
+        if is_meta(real) or is_view(real):
+            raise _err(errno.ENOENT)
+        g = self.groups.get(real)
+        if g is not None and g.state != SEALED:
+            raise _err(errno.ENOENT)
+        g = self._group_of(real)
+        if g is not None and g.state != SEALED:
+            raise _err(errno.ENOENT)
+        return real
 
     def _lexists(self, path: str) -> bool:
         return self._visible(path) is not None or self.store.exists(path)
@@ -140,6 +188,9 @@ class CkptFS:
         """Finish queued commits, discard open versions' staging, close fds."""
         if self.shut_down:
             return
+        self._stop.set()
+        if self._housekeeper is not None:
+            self._housekeeper.join()
         if self.committer:
             self.committer.stop()
         with self.commit_lock, self.lock:
@@ -150,7 +201,7 @@ class CkptFS:
             for v in list(self.pending.values()):
                 self._discard(v, "filesystem unmounted while file open")
             try:
-                self.journal.compact(self.records, list(self.aborts))
+                self.journal.compact(self.records, list(self.aborts), self._groups_json())
             except OSError as e:
                 log.warning("final compaction failed (recovery will replay the journal): %s", e)
             self.journal.close()
@@ -169,6 +220,8 @@ class CkptFS:
 
     def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
         path = self.norm(path)
+        if is_view(path):
+            return self._st(self.store.lstat(self._view_real(path)))
         if fh is not None and fh in self.handles:
             h = self.handles[fh]
             if h.version is not None:
@@ -180,11 +233,26 @@ class CkptFS:
                 return self._st(self.store.fstat(v.fd))
             except OSError:
                 pass  # installed concurrently: fall through to the backing path
+        g = self.groups.get(path)
+        if g is not None and g.state == OPEN:
+            self._check_torn(g)
         return self._st(self.store.lstat(path))
 
     def readdir(self, path: str) -> list[str]:
         path = self.norm(path)
+        if is_view(path):
+            real = self._view_real(path)
+            pre = real + "/" if real else ""
+            names = set(self.store.listdir(real))
+            names.discard(META_DIR)
+            shown = []
+            for n in sorted(names):
+                g = self.groups.get(pre + n)
+                if g is None or g.state == SEALED:
+                    shown.append(n)
+            return [".", "..", *shown]
         self._check_visible(path)
+        self._sweep_children(path)
         names = set(self.store.listdir(path))
         if path == "":
             names.discard(META_DIR)
@@ -197,6 +265,8 @@ class CkptFS:
 
     def readlink(self, path: str) -> str:
         path = self.norm(path)
+        if is_view(path):
+            return self.store.readlink(self._view_real(path))
         self._check_visible(path)
         return self.store.readlink(path)
 
@@ -247,8 +317,11 @@ class CkptFS:
 
     def create(self, path: str, mode: int, flags: int = os.O_WRONLY, caller: Caller = NOBODY) -> int:
         path = self.norm(path)
+        if is_view(path):
+            raise _err(errno.EROFS)
         if is_meta(path) or path == "":
             raise _err(errno.EACCES)
+        self._note_group_write(path, caller.pid)
         with self.lock:
             if flags & os.O_EXCL and self._lexists(path):
                 raise _err(errno.EEXIST)
@@ -265,9 +338,18 @@ class CkptFS:
 
     def open(self, path: str, flags: int, caller: Caller = NOBODY) -> int:
         path = self.norm(path)
-        self._check_visible(path)
         acc = flags & os.O_ACCMODE
         writable = acc in (os.O_WRONLY, os.O_RDWR)
+        if is_view(path):
+            if writable or flags & os.O_TRUNC:
+                raise _err(errno.EROFS)
+            real = self._view_real(path)
+            if stat.S_ISDIR(self.store.lstat(real).st_mode):
+                raise _err(errno.EISDIR)
+            return self._new_fh(Handle(path=real, writable=False, fd=self.store.open(real, os.O_RDONLY)))
+        self._check_visible(path)
+        if writable and flags & os.O_TRUNC:
+            self._note_group_write(path, caller.pid)
         with self.lock:
             v = self._visible(path)
             if writable and flags & os.O_TRUNC:
@@ -296,6 +378,7 @@ class CkptFS:
         v = h.version
         if v is not None and v.state == "open":
             return v
+        self._note_group_write(h.path, caller.pid)
         with h.lock:
             v = h.version
             if v is not None and v.state == "open":
@@ -433,6 +516,8 @@ class CkptFS:
         assert rec is not None
         prev = self.records.get(v.path)
         rec = dataclasses.replace(rec, generation=prev.generation + 1 if prev else 1)
+        if self._is_pointer(v.path) and rec.size <= 4096:
+            self._seal_named_by_pointer(v.path, self.store.pread(v.fd, rec.size, 0))
         self.store.fsync(v.fd)
         crashpoints.hit("stage_synced")
         mark = self.journal.append({"op": "install", "path": v.path, "staging": v.staging, "rec": rec.to_json()})
@@ -453,6 +538,7 @@ class CkptFS:
             raise
         crashpoints.hit("dir_synced")
         self._installed(v, rec)
+        self._after_install(v.path)
         self._maybe_compact()
 
     def _installed(self, v: Version, rec: FileRecord) -> None:
@@ -469,7 +555,7 @@ class CkptFS:
 
     def _maybe_compact(self) -> None:
         if self.journal.entries_since_snapshot >= COMPACT_EVERY:
-            self.journal.compact(self.records, list(self.aborts))
+            self.journal.compact(self.records, list(self.aborts), self._groups_json())
 
     def _commit(self, v: Version, caller: Caller, wait: bool) -> None:
         """Seal and commit v (sync: inline; async: queued, optionally waited)."""
@@ -515,6 +601,7 @@ class CkptFS:
         sig = procinfo.killing_signal(caller.pid)
         if sig:
             v.doomed = f"writer pid {caller.pid} killed by signal {sig}"
+            self._group_writer_killed(v.path, v.doomed)
             self._unpublish(v)
             return
         if v.unlinked:
@@ -599,6 +686,8 @@ class CkptFS:
                 log.warning("late commit of %s at release failed: %s", v.path, e)
                 with self.lock:
                     self._discard(v, None)
+        if h.writable:
+            self._poke_group(v.path)
 
     def _discard(self, v: Version, reason: str | None) -> None:
         """Drop a version that will never be installed.  Caller holds lock."""
@@ -644,6 +733,8 @@ class CkptFS:
 
     def mkdir(self, path: str, mode: int, caller: Caller = NOBODY) -> None:
         path = self.norm(path)
+        if is_view(path):
+            raise _err(errno.EROFS)
         if is_meta(path):
             raise _err(errno.EACCES)
         self._barrier()
@@ -656,6 +747,7 @@ class CkptFS:
                 if self._as_root and (caller.uid or caller.gid):
                     self.store.chown(path, caller.uid, caller.gid)
 
+            self._note_group_mkdir(path, caller.pid)
             self._ns_op({"op": "mkdir", "path": path, "mode": mode}, do, [parent(path)])
 
     def rmdir(self, path: str) -> None:
@@ -671,15 +763,21 @@ class CkptFS:
             if self.store.listdir(path):
                 raise _err(errno.ENOTEMPTY)
             self._ns_op({"op": "rmdir", "path": path}, lambda: self.store.rmdir(path), [parent(path)])
+            self._forget_group_dir(path)
 
     def symlink(self, target: str, path: str, caller: Caller = NOBODY) -> None:
         path = self.norm(path)
+        if is_view(path):
+            raise _err(errno.EROFS)
         if is_meta(path):
             raise _err(errno.EACCES)
         self._barrier()
         with self.commit_lock:
             if self._lexists(path):
                 raise _err(errno.EEXIST)
+            if not target.startswith("/"):  # G6: a link naming an open group waits for its seal
+                self._seal_before_reference(os.path.normpath(os.path.join(parent(path), target)).lstrip("./"),
+                                            f"symlink {path}", path)
 
             def do() -> None:
                 self.store.symlink(target, path)
@@ -695,6 +793,11 @@ class CkptFS:
         self._check_visible(path)
         self._barrier()
         with self.commit_lock:
+            target = self.rules.unfinished_target(os.path.basename(path))
+            if target is not None:  # NeMo: removing "<ckpt>-unfinished" completes <ckpt>
+                g = self._live_group(os.path.join(parent(path), target))
+                if g is not None and g.state == OPEN:
+                    self._seal_group(g, f"unfinished marker {path} removed")
             with self.lock:
                 v = self.pending.pop(path, None) or self.queued.pop(path, None)
                 if v is not None:
@@ -709,9 +812,11 @@ class CkptFS:
                 self.records.pop(path, None)
                 self.last_abort.pop(path, None)
 
-    def rename(self, old: str, new: str, flags: int = 0) -> None:
+    def rename(self, old: str, new: str, flags: int = 0, caller: Caller = NOBODY) -> None:
         old, new = self.norm(old), self.norm(new)
         self._check_visible(old)
+        if is_view(new):
+            raise _err(errno.EROFS)
         if is_meta(new) or new == "":
             raise _err(errno.EACCES)
         if flags & ~1:  # only RENAME_NOREPLACE
@@ -729,10 +834,18 @@ class CkptFS:
                 raise _err(errno.ENOENT)
             if self._children_pending(new):
                 raise _err(errno.ENOTEMPTY)
+            if on_disk and self._is_pointer(new) and old in self.records and self.records[old].size <= 4096:
+                fd = self.store.open(old, os.O_RDONLY)
+                try:
+                    self._seal_named_by_pointer(new, self.store.pread(fd, 4096, 0))
+                finally:
+                    self.store.close(fd)
+            is_dir = on_disk and stat.S_ISDIR(self.store.lstat(old).st_mode)
             if on_disk:
                 dirs = [parent(new), parent(old)]
                 self._ns_op({"op": "rename", "src": old, "dst": new},
                             lambda: self.store.rename(old, new), dirs)
+                self._groups_renamed(old, new)
             with self.lock:
                 if on_disk:
                     pre = new + "/"
@@ -751,6 +864,8 @@ class CkptFS:
                 for h in self.handles.values():
                     if h.path == old or h.path.startswith(old + "/"):
                         h.path = new + h.path[len(old):]
+            if on_disk:
+                self._after_rename(old, new, is_dir, caller.pid)
 
     # ------------------------------------------------------------ attributes
     def _attr_target(self, path: str) -> str:
@@ -787,8 +902,20 @@ class CkptFS:
                 "user.ckptfs.backing": self.backing_label,
                 "user.ckptfs.stats": json.dumps(dict(self.stats), sort_keys=True),
                 "user.ckptfs.aborts": json.dumps(list(self.aborts)[-10:]),
+                "user.ckptfs.rules": json.dumps({"source": self.rules.source, "keep_last": self.rules.keep_last,
+                                                 "keep_every": self.rules.keep_every,
+                                                 "idle_seal_seconds": self.rules.idle_seconds}),
+                "user.ckptfs.groups": self.groups_json_attr(path),
             }
         out: dict[str, str] = {}
+        g = self.groups.get(path)
+        if g is not None and g.state in (OPEN, SEALED):
+            out["user.ckptfs.status"] = g.state
+            out["user.ckptfs.group"] = json.dumps(self.group_summary(g), sort_keys=True)
+            return out
+        if self._visible(path) is None and stat.S_ISDIR(self.store.lstat(path).st_mode):
+            out["user.ckptfs.groups"] = self.groups_json_attr(path)
+            return out
         v = self._visible(path)
         rec = self.records.get(path)
         if v is not None:
@@ -812,6 +939,8 @@ class CkptFS:
         if name == "security.capability":
             raise _err(ENODATA)
         path = self.norm(path)
+        if is_view(path):
+            path = self._view_real(path)
         self._check_visible(path)
         if name.startswith(XATTR_PREFIX):
             attrs = self._status_attrs(path)
@@ -822,6 +951,8 @@ class CkptFS:
 
     def listxattr(self, path: str) -> list[str]:
         path = self.norm(path)
+        if is_view(path):
+            path = self._view_real(path)
         self._check_visible(path)
         names = list(self._status_attrs(path))
         try:
@@ -830,9 +961,15 @@ class CkptFS:
             pass
         return names
 
-    def setxattr(self, path: str, name: str, value: bytes, flags: int) -> None:
+    def setxattr(self, path: str, name: str, value: bytes, flags: int, caller: Caller = NOBODY) -> None:
         path = self.norm(path)
         self._check_visible(path)
+        if name == CONTROL_SEAL:
+            self.seal(path, caller.pid)
+            return
+        if name == CONTROL_GC and path == "":
+            self.gc()
+            return
         if name.startswith(XATTR_PREFIX):
             raise _err(errno.EPERM)
         self.store.setxattr(self._attr_target(path), name, value, flags)

@@ -122,7 +122,7 @@ def make_operations(mfusepy: Any, fs: CkptFS) -> Any:
             return 0
 
         def rename(self, old: str, new: str, flags: int = 0) -> int:
-            fs.rename(old, new, flags)
+            fs.rename(old, new, flags, caller())
             return 0
 
         def symlink(self, target: str, source: str) -> int:
@@ -152,7 +152,7 @@ def make_operations(mfusepy: Any, fs: CkptFS) -> Any:
             return fs.listxattr(path)
 
         def setxattr(self, path: str, name: str, value: bytes, options: int, position: int = 0) -> int:
-            fs.setxattr(path, name, value, options)
+            fs.setxattr(path, name, value, options, caller())
             return 0
 
         def removexattr(self, path: str, name: str) -> int:

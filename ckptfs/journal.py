@@ -2,7 +2,8 @@
 
 Layout under ``<backing>/.ckptfs/``::
 
-    snapshot        one frame: {"format", "epoch", "files": {path: record}, "aborts": [...]}
+    snapshot        one frame: {"format", "epoch", "files": {path: record}, "aborts": [...],
+                    "groups": {path: group state}}
     journal.<E>     frames appended since snapshot epoch E
     staging/        shadow copies being written
 
@@ -89,6 +90,7 @@ class JournalState:
     epoch: int = 0
     files: dict[str, FileRecord] = field(default_factory=dict)
     aborts: list[dict] = field(default_factory=list)
+    groups: dict[str, dict] = field(default_factory=dict)  # path -> GroupState json (groups.py)
     entries: list[dict] = field(default_factory=list)  # journal tail after the snapshot
 
 
@@ -127,6 +129,7 @@ class Journal:
                 st.epoch = int(snap["epoch"])
                 st.files = {p: FileRecord.from_json(r) for p, r in snap["files"].items()}
                 st.aborts = list(snap.get("aborts", []))
+                st.groups = dict(snap.get("groups", {}))
             except (KeyError, ValueError, TypeError) as e:
                 raise CorruptMetadata(f"{SNAPSHOT}: {e}") from e
         jp = self.journal_path(st.epoch)
@@ -201,7 +204,8 @@ class Journal:
             self.store.close(self.fd)
             self.fd = None
 
-    def compact(self, files: dict[str, FileRecord], aborts: list[dict]) -> None:
+    def compact(self, files: dict[str, FileRecord], aborts: list[dict],
+                groups: dict[str, dict] | None = None) -> None:
         """Write a snapshot of ``files`` as epoch+1 and retire the old journal.
 
         Caller guarantees no operation is in flight.  Crash-safe at every step:
@@ -214,6 +218,7 @@ class Journal:
             "epoch": new_epoch,
             "files": {p: r.to_json() for p, r in files.items()},
             "aborts": aborts[-100:],
+            "groups": groups or {},
         }
         tmp = SNAPSHOT + ".tmp"
         fd = self.store.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

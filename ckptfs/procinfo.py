@@ -35,3 +35,33 @@ def killing_signal(pid: int) -> int | None:
     if flags & PF_EXITING and exit_code is not None and exit_code & 0x7F:
         return exit_code & 0x7F
     return None
+
+
+def tgid(pid: int) -> int:
+    """The process (thread group) id of thread ``pid``; ``pid`` itself if unknown.
+
+    FUSE reports the calling *thread*; a group's writers are tracked per process
+    so that a helper thread exiting is not taken for the writer dying."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Tgid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return pid
+
+
+def is_alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie (or when /proc cannot tell)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    try:
+        return text[text.rindex(")") + 2] not in "ZX"
+    except (ValueError, IndexError):
+        return True

@@ -1,0 +1,434 @@
+"""Checkpoint-group life cycle inside the filesystem (a mixin of ``CkptFS``).
+
+Expects the ``CkptFS`` attributes ``store``, ``journal``, ``records``,
+``pending``, ``queued``, ``lock``, ``commit_lock``, ``stats``, ``rules`` and
+``groups`` (path -> GroupState).
+
+Invariants (with groups.py G1-G3):
+
+G4  A group's ``group_open`` entry is in the journal before any install or
+    namespace intent inside it, so recovery knows every group that could be
+    torn; it is appended under ``commit_lock``.
+G5  A group is sealed only when no version inside it is still open, queued
+    or committing: the manifest lists committed records only.
+G6  A pointer (``latest``, ``latest_checkpointed_iteration.txt``, a symlink)
+    naming an open group is committed only after that group's COMMIT is
+    durable; if the group cannot be sealed the pointer's commit fails (EIO).
+G7  A torn group (never sealed; its writers gone) is moved out of the
+    namespace into ``.ckptfs/quarantine`` by a journaled operation, so the
+    path shows what it held before the group was opened: nothing.
+G8  Retention runs only after a seal, only when no group in that directory is
+    open, always keeps the newest sealed group, and moves a retired group out
+    of the namespace by one journaled rename before deleting it.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import stat
+import time
+from typing import Any
+
+from . import crashpoints, procinfo
+from .groups import (
+    CORRUPT,
+    OPEN,
+    QUARANTINE,
+    SEALED,
+    TORN,
+    TRASH,
+    GroupState,
+    build_manifest,
+    lineage,
+    new_group_id,
+    remove_seal,
+    write_seal,
+)
+from .recovery import drop_prefix, move_group, parent, quarantine_target, rmtree
+from .rules import Rule, parent_and_base, step_of
+
+log = logging.getLogger("ckptfs.groups")
+
+EXPLICIT = Rule("explicit", idle_seal=False)
+
+
+def _err(code: int, msg: str = "") -> OSError:
+    return OSError(code, msg or os.strerror(code))
+
+
+class GroupOps:
+    groups: dict[str, GroupState]
+
+    # ---------------------------------------------------------------- lookup
+    def _group_of(self, path: str) -> GroupState | None:
+        """The live (open/sealed) group strictly containing ``path``: its outermost group ancestor."""
+        parts = path.split("/")
+        for i in range(1, len(parts)):
+            g = self.groups.get("/".join(parts[:i]))
+            if g is not None and g.state in (OPEN, SEALED):
+                return g
+        return None
+
+    def _live_group(self, path: str) -> GroupState | None:
+        g = self.groups.get(path)
+        return g if g is not None and g.state in (OPEN, SEALED) else None
+
+    def _rule_of(self, g: GroupState) -> Rule:
+        return self.rules.rule(g.rule) or EXPLICIT
+
+    def _busy(self, g: GroupState) -> list[str]:
+        """Paths under g with a version not yet installed (G5)."""
+        pre = g.path + "/"
+        with self.lock:
+            return [p for t in (self.pending, self.queued) for p, v in t.items()
+                    if p.startswith(pre) and not v.unlinked and v.state in ("open", "queued", "committing")]
+
+    def _groupable(self, d: str) -> bool:
+        """A directory may become a group unless it holds files ckptfs never committed (legacy data)."""
+        try:
+            names = self.store.listdir(d)
+        except OSError:
+            return False
+        for name in names:
+            p = f"{d}/{name}" if d else name
+            try:
+                st = self.store.lstat(p)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode) and p not in self.records:
+                return False
+        return True
+
+    # ------------------------------------------------------------- opening
+    def _open_group(self, d: str, rule: Rule, pid: int) -> GroupState:
+        """Journal and register an open group at ``d``.  Caller holds commit_lock (G4)."""
+        now = time.time()
+        step = step_of(os.path.basename(d))
+        gid = new_group_id()
+        self.journal.append({"op": "group_open", "path": d, "rule": rule.name, "id": gid, "time": now,
+                             "step": step}, sync=False)
+        g = GroupState(path=d, rule=rule.name, id=gid, state=OPEN, created_at=now, step=step)
+        if pid:
+            g.pids.append(procinfo.tgid(pid))
+        g.last_activity = now
+        self.groups[d] = g
+        self.stats["groups_opened"] += 1
+        return g
+
+    def _note_group_write(self, path: str, pid: int) -> None:
+        """A version of file ``path`` is about to be created: open or reopen its group."""
+        g = self._group_of(path)
+        if g is None:
+            d, base = parent_and_base(path)
+            if not d:
+                return
+            rule = self.rules.dir_rule(os.path.basename(d)) or self.rules.content_rule(base)
+            if rule is None:
+                return
+            with self.commit_lock:
+                g = self._group_of(path)
+                if g is None:
+                    if not self._groupable(d):
+                        return
+                    g = self._open_group(d, rule, pid)
+        if g.state == SEALED:
+            with self.commit_lock:
+                if g.state == SEALED:
+                    log.info("group %s reopened by a write to %s", g.path, path)
+                    self.journal.append({"op": "group_open", "path": g.path, "rule": g.rule, "id": g.id,
+                                         "time": time.time(), "step": g.step}, sync=False)
+                    g.state = OPEN
+                    g.pids = []
+        if pid:
+            t = procinfo.tgid(pid)
+            if t not in g.pids:
+                g.pids.append(t)
+        g.last_activity = time.time()
+
+    def _note_group_mkdir(self, path: str, pid: int) -> None:
+        """A directory was created (commit_lock held): it opens a group if a rule names it."""
+        if self._group_of(path) is not None:
+            return
+        rule = self.rules.dir_rule(os.path.basename(path))
+        if rule is not None:
+            self._open_group(path, rule, pid)
+
+    # -------------------------------------------------------------- sealing
+    def _seal_group(self, g: GroupState, event: str, pid: int = 0) -> bool:
+        """Seal ``g`` now, or remember the request if files in it are still being written (G5).
+
+        Caller holds commit_lock.  Returns True once g is sealed."""
+        if g.state == SEALED:
+            return True
+        if g.state != OPEN:
+            return False
+        if self._busy(g):
+            g.seal_requested = event
+            return False
+        pre = g.path + "/"
+        files = {k[len(pre):]: r for k, r in self.records.items() if k.startswith(pre)}
+        prev = self._previous_sealed(g)
+        lin = lineage(g.path, g.step, prev.path if prev else None, pid or (g.pids[0] if g.pids else 0),
+                      g.created_at)
+        lin["event"] = event
+        manifest = build_manifest(g.id, g.path, g.rule, files, lin)
+        digest = write_seal(self.store, g.id, manifest)
+        crashpoints.hit("group_commit_written")
+        now = time.time()
+        nbytes = sum(r.size for r in files.values())
+        self.journal.append({"op": "group_seal", "path": g.path, "manifest": digest, "time": now,
+                             "files": len(files), "bytes": nbytes})
+        g.state, g.manifest_blake3, g.sealed_at = SEALED, digest, now
+        g.files, g.bytes, g.seal_requested = len(files), nbytes, ""
+        self.stats["groups_sealed"] += 1
+        log.info("sealed group %s (%d files, %d bytes) on %s", g.path, len(files), nbytes, event)
+        self._apply_retention(parent(g.path))
+        return True
+
+    def _previous_sealed(self, g: GroupState) -> GroupState | None:
+        d = parent(g.path)
+        sibs = [s for s in self.groups.values() if s is not g and s.state == SEALED and parent(s.path) == d]
+        return max(sibs, key=lambda s: (s.step if s.step is not None else -1, s.sealed_at), default=None)
+
+    def _poke_group(self, path: str) -> None:
+        """Re-check a deferred seal after a version under ``path`` was installed or dropped."""
+        g = self._group_of(path)
+        if g is not None and g.state == OPEN and g.seal_requested and not self._busy(g):
+            with self.commit_lock:
+                if g.state == OPEN and g.seal_requested:
+                    self._seal_group(g, g.seal_requested)
+
+    def _after_install(self, path: str) -> None:
+        """A file was installed at ``path`` (commit_lock held): a marker seals its group."""
+        g = self._group_of(path)
+        if g is None or g.state != OPEN:
+            return
+        g.last_activity = time.time()
+        d, base = parent_and_base(path)
+        if d == g.path and base in self._rule_of(g).markers:
+            self._seal_group(g, f"marker {base}")
+        elif g.seal_requested:
+            self._seal_group(g, g.seal_requested)
+
+    def _seal_named_by_pointer(self, pointer_path: str, content: bytes) -> None:
+        """G6: seal the open group(s) a pointer names before the pointer is committed."""
+        d, base = parent_and_base(pointer_path)
+        for name in self.rules.pointer_target(base, content):
+            gp = f"{d}/{name}" if d else name
+            self._seal_before_reference(gp, f"pointer {pointer_path}", pointer_path)
+
+    def _seal_before_reference(self, target: str, event: str, referrer: str) -> None:
+        g = self._live_group(target) or self._group_of(target)
+        if g is None or g.state != OPEN:
+            return
+        if not self._seal_group(g, event):
+            g.seal_requested = ""
+            raise _err(errno.EIO, f"ckptfs: {referrer} names group {g.path}, which still has files being "
+                                  f"written ({', '.join(self._busy(g)[:3])}); the pointer is not committed "
+                                  "before the group is complete")
+
+    def _is_pointer(self, path: str) -> bool:
+        return os.path.basename(path) in self.rules.pointer_names()
+
+    def seal(self, path: str, pid: int = 0) -> GroupState:
+        """Explicit seal (``ckptfs seal`` / ``user.ckptfs.seal``): any directory becomes a sealed group."""
+        path = self.norm(path)
+        st = self.store.lstat(path)
+        if not stat.S_ISDIR(st.st_mode):
+            raise _err(errno.ENOTDIR, f"ckptfs: {path} is not a directory")
+        self._barrier()
+        with self.commit_lock:
+            g = self._live_group(path)
+            if g is None:
+                if self._group_of(path) is not None:
+                    raise _err(errno.EINVAL, f"ckptfs: {path} is inside group {self._group_of(path).path}")
+                g = self._open_group(path, self.rules.dir_rule(os.path.basename(path)) or EXPLICIT, pid)
+            if not self._seal_group(g, "explicit seal", pid):
+                g.seal_requested = "explicit seal"  # seals when the open files close
+            return g
+
+    # ------------------------------------------------------- torn and gone
+    def _check_torn(self, g: GroupState) -> bool:
+        """Quarantine g if it can never complete (G7): a writer was killed inside it, or (for layouts
+        with a completion event) every process that wrote into it has exited.  True if quarantined."""
+        if g.state != OPEN or g.seal_requested:
+            return False
+        killed = g.reason.startswith("writer killed")
+        if not killed:
+            if self._rule_of(g).idle_seal or not g.pids:
+                return False
+            if any(procinfo.is_alive(p) for p in g.pids):
+                return False
+        if self._busy(g):
+            return False
+        self._barrier()
+        with self.commit_lock:
+            if g.state != OPEN or self._busy(g):
+                return False
+            reason = g.reason if killed else "every writer exited before the group was sealed"
+            self._quarantine(g, TORN, reason)
+        return True
+
+    def _quarantine(self, g: GroupState, state: str, reason: str) -> None:
+        """Move g into .ckptfs/quarantine by a journaled op.  Caller holds commit_lock."""
+        to = quarantine_target(g)
+        entry = {"op": "group_quarantine", "path": g.path, "to": to, "state": state, "reason": reason}
+        mark = self.journal.append(entry)
+        try:
+            move_group(self.store, g.path, to)
+        except OSError:
+            self.journal.retract(mark)
+            raise
+        with self.lock:
+            drop_prefix(self.records, g.path)
+            for k in [k for k in self.groups if k.startswith(g.path + "/")]:
+                del self.groups[k]
+        g.state, g.moved_to, g.reason = state, to, reason
+        self.stats["groups_quarantined"] += 1
+        log.warning("group %s is %s (%s); moved to %s", g.path, state, reason, to)
+
+    def _group_writer_killed(self, path: str, why: str) -> None:
+        g = self._group_of(path)
+        if g is not None and g.state == OPEN:
+            g.reason = f"writer killed: {why}"
+
+    def _sweep_children(self, d: str) -> None:
+        """Before listing ``d``: quarantine torn groups directly inside it."""
+        pre = d + "/" if d else ""
+        for g in [g for g in self.groups.values() if g.state == OPEN and g.path.startswith(pre)
+                  and "/" not in g.path[len(pre):]]:
+            self._check_torn(g)
+
+    def housekeeping(self) -> None:
+        """Periodic: idle-seal groups whose rule allows it, quarantine torn ones."""
+        now = time.time()
+        for g in [g for g in self.groups.values() if g.state == OPEN]:
+            if self._check_torn(g):
+                continue
+            rule = self._rule_of(g)
+            idle = now - (g.last_activity or g.created_at)
+            if rule.idle_seal and idle >= self.rules.idle_seconds and not self._busy(g):
+                with self.commit_lock:
+                    if g.state == OPEN:
+                        self._seal_group(g, f"idle for {idle:.0f}s")
+
+    # ------------------------------------------------------------- retention
+    def _apply_retention(self, d: str) -> None:
+        """G8.  Caller holds commit_lock."""
+        keep_last, keep_every = self.rules.keep_last, self.rules.keep_every
+        if keep_last <= 0:
+            return
+        sibs = [g for g in self.groups.values() if parent(g.path) == d and g.state in (OPEN, SEALED)]
+        if any(g.state == OPEN for g in sibs):
+            return
+        sealed = sorted((g for g in sibs if g.step is not None), key=lambda g: (g.step, g.sealed_at))
+        keep = {g.path for g in sealed[-keep_last:]}
+        if keep_every > 0:
+            keep |= {g.path for g in sealed if g.step % keep_every == 0}
+        for g in sealed:
+            if g.path not in keep:
+                self._retire(g)
+
+    def _retire(self, g: GroupState) -> None:
+        to = f"{TRASH}/{g.id}"
+        mark = self.journal.append({"op": "group_retire", "path": g.path, "to": to})
+        try:
+            move_group(self.store, g.path, to)
+        except OSError:
+            self.journal.retract(mark)
+            raise
+        crashpoints.hit("retire_moved")
+        with self.lock:
+            drop_prefix(self.records, g.path)
+            self.groups.pop(g.path, None)
+        self.stats["groups_retired"] += 1
+        log.info("retention: retired %s", g.path)
+        try:
+            remove_seal(self.store, g.id)
+            rmtree(self.store, to)
+        except OSError as e:
+            log.warning("could not delete retired group %s (gc will): %s", to, e)
+
+    def gc(self) -> dict[str, int]:
+        """Delete quarantined (torn/corrupt) groups and retired debris."""
+        self._barrier()
+        removed = 0
+        with self.commit_lock:
+            for g in [g for g in self.groups.values() if g.state in (TORN, CORRUPT)]:
+                if g.moved_to:
+                    rmtree(self.store, g.moved_to)
+                remove_seal(self.store, g.id)
+                self.journal.append({"op": "group_forget", "path": g.path})
+                with self.lock:
+                    del self.groups[g.path]
+                removed += 1
+            for top in (QUARANTINE, TRASH):
+                if self.store.exists(top):
+                    for name in self.store.listdir(top):
+                        rmtree(self.store, f"{top}/{name}")
+            self.journal.compact(self.records, list(self.aborts), self._groups_json())
+        self.stats["groups_gc"] += removed
+        return {"groups_removed": removed}
+
+    # ------------------------------------------------------------ namespace
+    def _groups_renamed(self, old: str, new: str) -> None:
+        """Groups at or under ``old`` now live under ``new`` (ids, and so COMMITs, are unchanged)."""
+        from .recovery import apply_group_entry
+        with self.lock:
+            apply_group_entry({}, self.groups, {"op": "rename", "src": old, "dst": new})
+
+    def _after_rename(self, old: str, new: str, is_dir: bool, pid: int) -> None:
+        """Completion events carried by a rename (commit_lock held)."""
+        if is_dir:
+            g = self._live_group(new)
+            if g is None and self._group_of(new) is None:
+                rule = self.rules.dir_rule(os.path.basename(new))
+                if rule is None or not self._groupable(new):
+                    return
+                g = self._open_group(new, rule, pid)  # Orbax: a step directory renamed into place
+            if g is not None and g.state == OPEN:
+                self._seal_group(g, f"renamed into place from {old}", pid)
+            return
+        g = self._group_of(new)
+        if g is not None and g.state == OPEN:
+            d, base = parent_and_base(new)
+            if d == g.path and base in self._rule_of(g).markers:
+                self._seal_group(g, f"marker {base} renamed into place", pid)  # DCP's .metadata
+            elif g.seal_requested:
+                self._seal_group(g, g.seal_requested)
+
+    def _forget_group_dir(self, path: str) -> None:
+        """A group directory was removed (its rmdir is journaled): drop its state and seal files."""
+        with self.lock:
+            g = self.groups.get(path)
+            if g is None or g.state not in (OPEN, SEALED):
+                return
+            del self.groups[path]
+        try:
+            remove_seal(self.store, g.id)
+        except OSError as e:
+            log.warning("could not remove seal files of deleted group %s: %s", path, e)
+
+    # ------------------------------------------------------------- reporting
+    def _groups_json(self) -> dict[str, dict[str, Any]]:
+        return {p: g.to_json() for p, g in self.groups.items()}
+
+    def group_summary(self, g: GroupState) -> dict[str, Any]:
+        d = g.to_json()
+        if g.state == OPEN:
+            d["busy"] = len(self._busy(g))
+            pre = g.path + "/"
+            recs = [r for k, r in self.records.items() if k.startswith(pre)]
+            d["files"], d["bytes"] = len(recs), sum(r.size for r in recs)
+        return d
+
+    def groups_in(self, d: str) -> list[dict[str, Any]]:
+        """Groups directly inside directory ``d`` (any state), oldest step first."""
+        out = [self.group_summary(g) for g in self.groups.values() if parent(g.path) == d]
+        return sorted(out, key=lambda x: (x["step"] if x["step"] is not None else -1, x["created_at"]))
+
+    def groups_json_attr(self, d: str) -> str:
+        return json.dumps(self.groups_in(d), sort_keys=True)

@@ -1,0 +1,191 @@
+"""Checkpoint groups: state, manifest and COMMIT records.
+
+On disk (plain files, readable without a daemon)::
+
+    .ckptfs/groups/<id>.manifest   JSON: format, group id and path, files {rel: record}, lineage
+    .ckptfs/groups/<id>.commit     JSON: format, group id, blake3 of the manifest bytes
+
+``<id>`` is the group's identity, fixed when the group opens and journaled;
+the journal/snapshot map paths to ids, so renaming a sealed group (or a
+directory above it) needs no new COMMIT.  Both files are written to a
+temporary name, fsynced and renamed; the COMMIT is renamed only after the
+manifest is durable, and the ``groups`` directory is fsynced after each rename.
+
+Invariants:
+
+G1  A group is *sealed* iff its COMMIT parses, names the group's id, and
+    its digest equals blake3 of the manifest bytes; anything else is torn
+    (no COMMIT) or corrupt (a COMMIT that does not match).
+G2  A COMMIT is durable before any later operation (a pointer naming the
+    group, a deletion of an older group) is journaled.
+G3  A sealed group's manifest lists every file under the group directory
+    with the record it had when sealed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import blake3
+
+from . import META_DIR, __version__
+from .backing import BackingStore
+from .records import FileRecord
+
+GROUPS = f"{META_DIR}/groups"
+QUARANTINE = f"{META_DIR}/quarantine"
+TRASH = f"{META_DIR}/trash"
+MANIFEST_FORMAT = 1
+COMMITTED_VIEW = ".ckptfs-committed"
+
+OPEN, SEALED, TORN, CORRUPT, TRASHED = "open", "sealed", "torn", "corrupt", "trashed"
+
+
+def new_group_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass
+class GroupState:
+    """What ckptfs knows about one group (journaled; rebuilt by recovery)."""
+
+    path: str
+    rule: str
+    id: str = ""
+    state: str = OPEN
+    created_at: float = 0.0
+    sealed_at: float = 0.0
+    manifest_blake3: str = ""
+    reason: str = ""  # why torn / corrupt / trashed
+    moved_to: str = ""  # quarantine or trash location (under .ckptfs)
+    pids: list[int] = field(default_factory=list)  # processes that wrote into it (live only)
+    files: int = 0
+    bytes: int = 0
+    step: int | None = None
+    seal_requested: str = ""  # a completion event seen while files were still open (live only)
+    last_activity: float = 0.0  # live only
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        for live_only in ("pids", "seal_requested", "last_activity"):
+            d.pop(live_only)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> GroupState:
+        known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
+        return cls(**known)
+
+
+def lineage(path: str, step: int | None, parent_group: str | None, pid: int, created_at: float) -> dict[str, Any]:
+    """Where a group came from (stored in its manifest)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        cmdline = []
+    return {
+        "step": step, "parent": parent_group, "host": socket.gethostname(), "pid": pid,
+        "cmdline": cmdline, "ckptfs_version": __version__, "created_at": created_at,
+        "sealed_at": time.time(),
+    }
+
+
+def build_manifest(gid: str, path: str, rule: str, files: dict[str, FileRecord], lin: dict[str, Any]) -> bytes:
+    doc = {
+        "format": MANIFEST_FORMAT, "kind": "ckptfs-manifest", "id": gid, "group": path, "rule": rule,
+        "files": {rel: rec.to_json() for rel, rec in sorted(files.items())},
+        "lineage": lin,
+    }
+    return json.dumps(doc, sort_keys=True, indent=1).encode()
+
+
+def build_commit(gid: str, manifest: bytes) -> bytes:
+    doc = {"format": MANIFEST_FORMAT, "kind": "ckptfs-commit", "id": gid,
+           "manifest_blake3": blake3.blake3(manifest).hexdigest(), "sealed_at": time.time()}
+    return json.dumps(doc, sort_keys=True).encode()
+
+
+def _write_durable(store: BackingStore, name: str, data: bytes) -> None:
+    tmp = name + ".tmp"
+    fd = store.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        off = 0
+        while off < len(data):
+            off += store.pwrite(fd, data[off:], off)
+        store.fsync(fd)
+    finally:
+        store.close(fd)
+    store.rename(tmp, name)
+    store.fsync_dir(GROUPS)
+
+
+def write_seal(store: BackingStore, gid: str, manifest: bytes) -> str:
+    """Durably write manifest then COMMIT for group ``gid``; return the manifest digest."""
+    if not store.exists(GROUPS):
+        store.mkdir(GROUPS, 0o700)
+        store.fsync_dir(META_DIR)
+    _write_durable(store, f"{GROUPS}/{gid}.manifest", manifest)
+    commit = build_commit(gid, manifest)
+    _write_durable(store, f"{GROUPS}/{gid}.commit", commit)
+    return json.loads(commit)["manifest_blake3"]
+
+
+def remove_seal(store: BackingStore, gid: str) -> None:
+    """Delete a group's COMMIT (first) and manifest; a missing one is fine."""
+    key = gid
+    for suffix in (".commit", ".manifest"):
+        try:
+            store.unlink(f"{GROUPS}/{key}{suffix}")
+        except FileNotFoundError:
+            pass
+
+
+def _read_all(store: BackingStore, name: str) -> bytes:
+    fd = store.open(name, os.O_RDONLY)
+    try:
+        size = store.fstat(fd).st_size
+        return store.pread(fd, size, 0)
+    finally:
+        store.close(fd)
+
+
+class SealError(Exception):
+    """A group's manifest/COMMIT is missing or does not verify."""
+
+
+def read_seal(store: BackingStore, gid: str) -> tuple[dict[str, Any], str]:
+    """Return (verified manifest, its blake3) of group ``gid``; raise SealError saying what is wrong (G1)."""
+    key = gid
+    try:
+        commit_b = _read_all(store, f"{GROUPS}/{key}.commit")
+    except FileNotFoundError:
+        raise SealError("no COMMIT record") from None
+    try:
+        manifest_b = _read_all(store, f"{GROUPS}/{key}.manifest")
+    except FileNotFoundError:
+        raise SealError("COMMIT present but manifest missing") from None
+    try:
+        commit = json.loads(commit_b)
+        if commit.get("kind") != "ckptfs-commit" or commit.get("format") != MANIFEST_FORMAT:
+            raise SealError(f"COMMIT has unknown kind/format {commit.get('kind')}/{commit.get('format')}")
+    except (ValueError, AttributeError):
+        raise SealError("COMMIT record unreadable (truncated or corrupt)") from None
+    got = blake3.blake3(manifest_b).hexdigest()
+    if commit.get("manifest_blake3") != got:
+        raise SealError(f"manifest digest mismatch: COMMIT says {commit.get('manifest_blake3')}, manifest is {got}")
+    if commit.get("id") != gid:
+        raise SealError(f"COMMIT names group {commit.get('id')!r}, not {gid!r}")
+    try:
+        manifest = json.loads(manifest_b)
+    except ValueError:
+        raise SealError("manifest unreadable") from None
+    if manifest.get("id") != gid or not isinstance(manifest.get("files"), dict):
+        raise SealError("manifest does not describe this group")
+    return manifest, got
