@@ -6,8 +6,10 @@ Mirrors ``DeepSpeedEngine.save_checkpoint`` (deepspeed 0.1x): for tag ``global_s
   3. ``torch.save(optimizer shard r, global_stepK/zero_pp_rank_R_mp_rank_00_optim_states.pt)`` for each rank
   4. ``open(DIR/latest, "w").write(tag)`` - in place (truncate + write), no tmp + rename, no fsync
   5. (rotation, as Megatron/DS users script it) ``rmtree`` of tags older than the newest ``KEEP``
-resume: DeepSpeed's ``load_checkpoint(tag=None)``: read ``latest``, load that tag's files.
-The ledger gets ``begin`` (digest of model + optimizer state) before step 1 and ``end`` after 5.
+train:  resumes like DeepSpeed's ``load_checkpoint(tag=None)`` (read ``latest``, load that tag's
+        files; ledger ``resumed``), then trains and saves every ``save_every`` steps; the ledger
+        gets ``begin`` (digest of model + optimizer state) before step 1 and ``end`` after 5.
+resume: the same load (or tag ``basename(ckpt)``); the restored state is written to ``out``.
 """
 
 from __future__ import annotations
@@ -59,12 +61,37 @@ def save_checkpoint(d: str, m: torch.nn.Module, shards: list[dict], step: int) -
         shutil.rmtree(os.path.join(d, f"global_step{old}"))
 
 
+def load(d: str, tag: str | None) -> tuple[int, torch.nn.Module, torch.optim.Optimizer, dict] | None:
+    """DeepSpeed's ``load_checkpoint``: tag from ``latest`` unless given; None if there is no ``latest``."""
+    if tag is None:
+        if not os.path.isfile(os.path.join(d, "latest")):
+            return None
+        with open(os.path.join(d, "latest")) as f:
+            tag = f.read().strip()
+    ms = torch.load(os.path.join(d, tag, "mp_rank_00_model_states.pt"), weights_only=True)
+    shards = [torch.load(os.path.join(d, tag, f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt"), weights_only=True)
+              for r in range(ms["dp_world_size"])]
+    m, opt = model_and_opt(0)
+    m.load_state_dict(ms["module"])
+    st = {"state": {}, "param_groups": shards[0]["optimizer_state_dict"]["param_groups"]}
+    for sh in shards:
+        st["state"].update(sh["optimizer_state_dict"]["state"])
+    opt.load_state_dict(st)
+    step = ms["global_steps"]
+    return step, m, opt, state_digest(m, opt_shards(opt), step)
+
+
 def train(a: dict) -> None:
-    m, opt = model_and_opt(a.get("seed", 0))
     ledger = fwlib.Ledger(a["ledger"])
-    g = torch.Generator().manual_seed(1)
     os.makedirs(a["dir"], exist_ok=True)
-    for step in range(1, a["steps"] + 1):
+    got = load(a["dir"], None)
+    if got:
+        step0, m, opt, dg = got
+        ledger.append(ev="resumed", step=step0, digest=dg)
+    else:
+        step0, (m, opt) = 0, model_and_opt(a.get("seed", 0))
+    for step in range(step0 + 1, a.get("steps", 10**6) + 1):
+        g = torch.Generator().manual_seed(step)
         x = torch.randn(16, 64, generator=g)
         loss = torch.nn.functional.mse_loss(m(x), x)
         opt.zero_grad()
@@ -78,23 +105,14 @@ def train(a: dict) -> None:
 
 
 def resume(a: dict) -> None:
-    latest = os.path.join(a["dir"], "latest")
-    if not os.path.isfile(latest):
+    got = load(a["dir"], os.path.basename(a["ckpt"]) if a.get("ckpt") else None)
+    if got is None:
         fwlib.write_result(a["out"], step=None, digest={})
-        return
-    with open(latest) as f:
-        tag = f.read().strip()
-    d = os.path.join(a["dir"], tag)
-    ms = torch.load(os.path.join(d, "mp_rank_00_model_states.pt"), weights_only=True)
-    shards = [torch.load(os.path.join(d, f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt"), weights_only=True)
-              for r in range(ms["dp_world_size"])]
-    m, opt = model_and_opt(0)
-    m.load_state_dict(ms["module"])
-    fwlib.write_result(a["out"], step=ms["global_steps"], tag=tag,
-                       digest=state_digest(m, shards, ms["global_steps"]))
+    else:
+        fwlib.write_result(a["out"], step=got[0], digest=got[3])
 
 
 JOBS = {"train": train, "resume": resume}
 
 if __name__ == "__main__":
-    fwlib.main_once(JOBS)
+    fwlib.main_once(JOBS, lambda: fwlib.warm(train, resume))

@@ -1,11 +1,12 @@
 """Lightning workload: ``ModelCheckpoint(save_top_k=2, save_last=True, every_n_train_steps=N)``.
 
-train:  fits a tiny MLP for ``steps`` steps; checkpoints ``step=K.ckpt`` (top 2 by step) and
-        ``last.ckpt`` in ``dir``.  A ``ModelCheckpoint`` subclass appends ``begin`` (digest of
-        model + optimizer state + global_step) before the stock ``on_train_batch_end`` (which
-        saves and rotates) and ``end`` after it returned.  ``save_last`` may be ``"link"``.
-resume: ``Trainer.fit(ckpt_path="last")`` - Lightning's own choice (newest ``last*.ckpt`` by
-        mtime); ``on_train_start`` (weights, optimizer, global_step restored) records the result.
+train:  ``Trainer.fit(ckpt_path="last")`` (Lightning's own choice: newest ``last*.ckpt`` by mtime;
+        starts fresh if there is none) of a tiny MLP up to ``steps`` steps; checkpoints
+        ``step=K.ckpt`` (top 2 by step) and ``last.ckpt`` in ``dir``.  Ledger: ``resumed`` at
+        ``on_train_start`` (weights, optimizer, global_step restored), ``begin`` (digest of model +
+        optimizer state + global_step) before the stock ``on_train_batch_end`` (which saves and
+        rotates) and ``end`` after it returned.  ``save_last`` may be ``"link"``.
+resume: the same choice (or ``ckpt_path=ckpt``); the restored state is written to ``out``.
 Unmodified Lightning code; the subclass only wraps the public hook.
 """
 
@@ -48,9 +49,14 @@ class Net(pl.LightningModule):
         return torch.optim.Adam(self.parameters(), lr=1e-3)
 
     def on_train_start(self) -> None:
+        dg = state_digest(self, self.trainer)
         if self.out:
-            fwlib.write_result(self.out, step=self.trainer.global_step, digest=state_digest(self, self.trainer))
+            loaded = self.trainer.ckpt_path is not None  # None: Lightning found no checkpoint, started fresh
+            fwlib.write_result(self.out, step=self.trainer.global_step if loaded else None, digest=dg if loaded else {})
             raise Stop
+        ledger = self.trainer.checkpoint_callback.ledger
+        if ledger and self.trainer.global_step:
+            ledger.append(ev="resumed", step=self.trainer.global_step, digest=dg)
 
 
 class MarkedCheckpoint(ModelCheckpoint):
@@ -84,19 +90,18 @@ def data() -> torch.utils.data.DataLoader:
 
 
 def train(a: dict) -> None:
-    make(a, fwlib.Ledger(a["ledger"]), a["steps"]).fit(Net(), data())
+    make(a, fwlib.Ledger(a["ledger"]), a.get("steps", 10**6)).fit(Net(), data(), ckpt_path="last")
 
 
 def resume(a: dict) -> None:
     try:
         # room to train: fit() never reaches on_train_start once global_step >= max_steps
-        make(a, None, a["steps"] + 1000).fit(Net(out=a["out"]), data(), ckpt_path="last")
+        make(a, None, 10**6).fit(Net(out=a["out"]), data(), ckpt_path=a.get("ckpt") or "last")
     except Stop:
-        return
-    fwlib.write_result(a["out"], step=None, digest={})  # no last checkpoint: Lightning started fresh
+        pass
 
 
 JOBS = {"train": train, "resume": resume}
 
 if __name__ == "__main__":
-    fwlib.main_once(JOBS)
+    fwlib.main_once(JOBS, lambda: fwlib.warm(train, resume))

@@ -114,7 +114,8 @@ def serve(jobs: dict[str, Job]) -> None:
     """Fork server loop on stdin/stdout.
 
     ``run NAME JSON`` forks a child (own process group) that calls ``jobs[NAME](args)``
-    and exits 0, or 3 on an exception (traceback on stderr); replies ``pid N``.
+    and exits 0, or 3 on an exception (traceback on stderr); replies ``pid N``.  The child's
+    stdout is redirected to stderr, so only the server writes the protocol channel.
     ``reap PID`` waits for that child and replies ``status S`` (raw wait status).
     """
     for line in sys.stdin:
@@ -127,6 +128,7 @@ def serve(jobs: dict[str, Job]) -> None:
             pid = os.fork()
             if pid == 0:
                 os.setpgid(0, 0)
+                os.dup2(2, 1)  # the job's prints must not reach the protocol channel
                 code = 0
                 try:
                     jobs[name](args)
@@ -144,9 +146,29 @@ def serve(jobs: dict[str, Job]) -> None:
             print("pong", flush=True)
 
 
-def main_once(jobs: dict[str, Job]) -> None:
-    """``prog NAME JSON`` runs one job in this process (used by the strace tracer); else serve."""
+def warm(train: Job, resume: Job, **extra: Any) -> None:
+    """Run a tiny ``train`` + ``resume`` in this process, in a temporary directory.
+
+    The fork server calls this once before serving: many libraries import lazily on first use
+    (the first ``Adam.step`` costs ~5 s of imports here), and a forked child's imports are lost
+    when it exits, so without it every trial would pay them inside the measured save window."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        a = {"dir": os.path.join(tmp, "ckpt"), "ledger": os.path.join(tmp, "ledger"), "steps": 2, "save_every": 1,
+             "out": os.path.join(tmp, "out"), "store": os.path.join(tmp, "store"), **extra}
+        train(a)
+        resume(a)
+
+
+def main_once(jobs: dict[str, Job], warmup: Callable[[], None] | None = None) -> None:
+    """``prog NAME JSON`` runs one job in this process (used by the strace tracer); else warm up and serve."""
     if len(sys.argv) >= 3:
         jobs[sys.argv[1]](json.loads(sys.argv[2]))
     else:
+        if warmup is not None:
+            import contextlib
+
+            with contextlib.redirect_stdout(sys.stderr):  # stdout is the protocol channel
+                warmup()
         serve(jobs)
