@@ -164,12 +164,13 @@ def visible_checkpoints(root: Path, fw: Framework) -> list[Path]:
 class Campaign:
     """Kill trials of one framework on one mount; ``work`` (outside the mount) holds ledger and logs."""
 
-    def __init__(self, fw: Framework, mount: Mount, work: Path, seed: int) -> None:
+    def __init__(self, fw: Framework, mount: Mount, work: Path, seed: int, server: Server | None = None) -> None:
         self.fw, self.mount, self.work = fw, mount, work
+        self.own_server = server is None
         self.rng = random.Random(seed)
         self.dir = mount.path / fw.name
         self.ledger = work / f"{fw.name}.ledger"
-        self.server = Server(fw, work / f"{fw.name}.server.log")
+        self.server = server or Server(fw, work / f"{fw.name}.server.log")
         self.window = 0.05  # longest save window seen (s), refined from the ledger
         self.results: list[dict] = []
 
@@ -293,7 +294,8 @@ class Campaign:
         return out
 
     def close(self) -> None:
-        self.server.close()
+        if self.own_server:
+            self.server.close()
 
 
 def remount_plan(i: int) -> str:
@@ -302,9 +304,9 @@ def remount_plan(i: int) -> str:
 
 
 def run_campaign(fw: Framework, mount: Mount, work: Path, trials: int, seed: int,
-                 verify_all: bool = False) -> dict:
+                 verify_all: bool = False, server: Server | None = None) -> dict:
     """``trials`` kill trials of ``fw``; returns a summary (raises AssertionError on the first violation)."""
-    c = Campaign(fw, mount, work, seed)
+    c = Campaign(fw, mount, work, seed, server)
     t0 = time.monotonic()
     try:
         for i in range(trials):
