@@ -192,6 +192,7 @@ def test_daemon_kill_during_saves_hides_torn_groups(env: tuple[Mount, Path], ser
             except ProcessLookupError:
                 pass
             c.server.reap(pid)
+            fc.wait_group_dead(pid)
             m.start()
             fc.check_tree(m.path, fw)
             step, dg = c.resume_live()

@@ -119,6 +119,31 @@ def running(pid: int) -> bool:
         return False
 
 
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes in process group ``pgid``."""
+    out = []
+    for e in os.listdir("/proc"):
+        if e.isdigit():
+            try:
+                with open(f"/proc/{e}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] not in "ZX":
+                stat_pid = int(e)
+                out.append(stat_pid)
+    return out
+
+
+def wait_group_dead(pgid: int, timeout: float = 30.0) -> None:
+    """Wait until every process of the killed job (all ranks) has exited, as a scheduler would
+    before restarting it; ckptfs can only call a group torn once its writers are gone."""
+    deadline = time.monotonic() + timeout
+    while group_members(pgid):
+        assert time.monotonic() < deadline, f"processes of job {pgid} survived SIGKILL"
+        time.sleep(0.002)
+
+
 def check_loaded(step: int | None, digest: dict, recs: list[dict], what: str) -> None:
     """The resumed state is bit-exact what the workload saved at ``step``; nothing acknowledged is lost."""
     ended = [r["step"] for r in recs if r["ev"] == "end"]
@@ -259,6 +284,7 @@ class Campaign:
             except ProcessLookupError:
                 pass
             status = self.server.reap(pid)
+            wait_group_dead(pid)
         assert os.WIFSIGNALED(status), f"train job was not killed (status {status}):\n{self.server.tail()}"
         recs = self.recs()
         resumed = [r for r in recs if r["ev"] == "resumed"][nres0:]
