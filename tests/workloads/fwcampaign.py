@@ -1,0 +1,347 @@
+"""Kill campaigns of the framework workloads on a real ckptfs mount (shared by the tests and
+``scripts/framework_campaign``).
+
+One trial (``Campaign.trial``):
+
+1. (except the first) the job of the previous trial was killed; check the **live** mount: the
+   framework's own resume logic (a forked ``resume`` job) finds a checkpoint and it is bit-exact
+   (``check_loaded``), and every visible group is sealed (``check_tree``);
+2. remount: clean stop + start, or daemon ``kill -9`` + start (recovery), then ``check_tree``;
+3. start a ``train`` job: it resumes by the framework's own logic (its ledger ``resumed`` record
+   is checked like 1 - the post-remount check) and keeps training and saving;
+4. wait until the job has begun its N-th save (N random in 1..3), sleep a random time in
+   ``[0, 1.5 x the longest save window seen so far]``, ``killpg(SIGKILL)`` the job (every rank).
+
+Bit-exact (``check_loaded``): the ledger (outside the mount, fsynced) holds, for every save the
+workload began, the digest of the state it passed to the framework.  A loaded step ``s`` must
+equal the *newest* ``begin`` digest for ``s`` (an older attempt at ``s`` was superseded), and
+``s`` must be at least the newest step whose save returned (``end``) - nothing acknowledged lost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+WL = Path(__file__).resolve().parent
+sys.path.insert(0, str(WL))
+sys.path.insert(0, str(WL.parent))
+
+import fwlib  # noqa: E402
+from conftest import Mount, _env  # noqa: E402
+
+STATUS = "user.ckptfs.status"
+
+
+@dataclass(frozen=True)
+class Framework:
+    """How to run one workload and what its checkpoints look like on disk."""
+
+    name: str
+    script: str
+    save_every: int
+    group_re: str = ""  # base names of group directories
+    file_re: str = ""  # base names of single-file checkpoints
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
+    Framework("hf", "fw_hf.py", 2, group_re=r"checkpoint-\d+"),
+    Framework("lightning", "fw_lightning.py", 2, file_re=r"(step=\d+|last)\.ckpt"),
+    Framework("dcp1", "fw_dcp.py", 1, group_re=r"step-\d+", extra={"ws": 1}),
+    Framework("dcp4", "fw_dcp.py", 1, group_re=r"step-\d+", extra={"ws": 4}),
+    Framework("deepspeed", "fw_deepspeed.py", 2, group_re=r"global_step\d+", file_re="latest"),
+    Framework("safetensors", "fw_safetensors.py", 1, file_re=r"model\.safetensors"),
+)}
+
+
+class Server:
+    """Client of a ``fwlib.serve`` fork server running one workload script (imports paid once)."""
+
+    def __init__(self, fw: Framework, errlog: Path) -> None:
+        self.err = open(errlog, "ab")
+        self.p = subprocess.Popen([sys.executable, str(WL / fw.script)], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=self.err, text=True, env=_env())
+        self.errlog = errlog
+        assert self.ask("ping") == "pong", "fork server did not start"
+
+    def ask(self, line: str) -> str:
+        assert self.p.stdin and self.p.stdout
+        self.p.stdin.write(line + "\n")
+        self.p.stdin.flush()
+        out = self.p.stdout.readline().strip()
+        if not out:
+            raise RuntimeError(f"fork server died; stderr tail:\n{self.tail()}")
+        return out
+
+    def start(self, job: str, args: dict) -> int:
+        return int(self.ask(f"run {job} {json.dumps(args)}").split()[1])
+
+    def reap(self, pid: int) -> int:
+        return int(self.ask(f"reap {pid}").split()[1])
+
+    def run(self, job: str, args: dict) -> None:
+        """Run a job to completion; raise with the server's stderr tail if it failed."""
+        st = self.reap(self.start(job, args))
+        if st != 0:
+            raise AssertionError(f"{job} job failed (wait status {st}):\n{self.tail()}")
+
+    def tail(self, n: int = 4000) -> str:
+        self.err.flush()
+        return self.errlog.read_bytes()[-n:].decode(errors="replace")
+
+    def close(self) -> None:
+        if self.p.stdin:
+            self.p.stdin.close()
+        try:
+            self.p.wait(30)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
+        self.err.close()
+
+
+def running(pid: int) -> bool:
+    """``pid`` (a child of the fork server, not of ours) exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes in process group ``pgid``."""
+    out = []
+    for e in os.listdir("/proc"):
+        if e.isdigit():
+            try:
+                with open(f"/proc/{e}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] not in "ZX":
+                stat_pid = int(e)
+                out.append(stat_pid)
+    return out
+
+
+def wait_group_dead(pgid: int, timeout: float = 30.0) -> None:
+    """Wait until every process of the killed job (all ranks) has exited, as a scheduler would
+    before restarting it; ckptfs can only call a group torn once its writers are gone."""
+    deadline = time.monotonic() + timeout
+    while group_members(pgid):
+        assert time.monotonic() < deadline, f"processes of job {pgid} survived SIGKILL"
+        time.sleep(0.002)
+
+
+def check_loaded(step: int | None, digest: dict, recs: list[dict], what: str) -> None:
+    """The resumed state is bit-exact what the workload saved at ``step``; nothing acknowledged is lost."""
+    ended = [r["step"] for r in recs if r["ev"] == "end"]
+    if step is None:
+        assert not ended, f"{what}: no checkpoint found although step {max(ended)} was saved"
+        return
+    begun = [r for r in recs if r["ev"] == "begin" and r["step"] == step]
+    assert begun, f"{what}: loaded step {step}, which the workload never saved"
+    want = begun[-1]["digest"]
+    bad = sorted(k for k in set(want) | set(digest) if want.get(k) != digest.get(k))
+    assert not bad, f"{what}: step {step} not bit-exact: {len(bad)} leaves differ, e.g. {bad[:3]}"
+    assert not ended or step >= max(ended), f"{what}: loaded step {step} < acknowledged step {max(ended)}"
+
+
+def check_tree(root: Path, fw: Framework) -> dict[str, int]:
+    """Every group directory visible under ``root`` is sealed; every single-file checkpoint committed."""
+    groups = files = 0
+    gre, fre = re.compile(fw.group_re or r"(?!)"), re.compile(fw.file_re or r"(?!)")
+    for dirpath, dirnames, filenames in os.walk(root):
+        for d in dirnames:
+            if gre.fullmatch(d):
+                st = os.getxattr(os.path.join(dirpath, d), STATUS).decode()
+                assert st == "sealed", f"visible group {dirpath}/{d} is {st}"
+                groups += 1
+        for f in filenames:
+            if fre.fullmatch(f):
+                st = os.getxattr(os.path.join(dirpath, f), STATUS).decode()
+                assert st == "committed", f"visible checkpoint file {dirpath}/{f} is {st}"
+                files += 1
+    return {"groups": groups, "files": files}
+
+
+def visible_checkpoints(root: Path, fw: Framework) -> list[Path]:
+    """Every visible group directory / single-file checkpoint (except pointers) under ``root``."""
+    out = []
+    for p in sorted(root.iterdir()):
+        if (fw.group_re and p.is_dir() and re.fullmatch(fw.group_re, p.name)) or \
+                (fw.file_re and p.is_file() and re.fullmatch(fw.file_re, p.name) and p.name != "latest"):
+            out.append(p)
+    return out
+
+
+class Campaign:
+    """Kill trials of one framework on one mount; ``work`` (outside the mount) holds ledger and logs."""
+
+    def __init__(self, fw: Framework, mount: Mount, work: Path, seed: int, server: Server | None = None) -> None:
+        self.fw, self.mount, self.work = fw, mount, work
+        self.own_server = server is None
+        self.rng = random.Random(seed)
+        self.dir = mount.path / fw.name
+        self.ledger = work / f"{fw.name}.ledger"
+        self.server = server or Server(fw, work / f"{fw.name}.server.log")
+        self.window = 0.05  # longest save window seen (s), refined from the ledger
+        self.results: list[dict] = []
+
+    def args(self, **kw: Any) -> dict:
+        return {"dir": str(self.dir), "ledger": str(self.ledger), "save_every": self.fw.save_every,
+                "store": str(self.work / f"{self.fw.name}.store"), **self.fw.extra, **kw}
+
+    def recs(self) -> list[dict]:
+        return fwlib.Ledger.read(str(self.ledger))
+
+    def resume_live(self, ckpt: Path | None = None) -> tuple[int | None, dict]:
+        out = self.work / f"{self.fw.name}.out"
+        if out.exists():
+            out.unlink()
+        self.server.run("resume", self.args(out=str(out), **({"ckpt": str(ckpt)} if ckpt else {})))
+        res = json.loads(out.read_text())
+        return res["step"], res["digest"]
+
+    def check_all_visible(self) -> int:
+        """Load every visible checkpoint explicitly: each is bit-exact one of the saves begun at its step.
+
+        (Not necessarily the newest: a single file such as Lightning's ``step=4.ckpt`` whose
+        re-save after a resume from an older ``last.ckpt`` was killed keeps its previous complete
+        version, which is correct.)"""
+        recs = self.recs()
+        n = 0
+        for p in visible_checkpoints(self.dir, self.fw) if self.dir.exists() else []:
+            step, dg = self.resume_live(p)
+            assert step is not None, f"{p} loads nothing"
+            begun = [r for r in recs if r["ev"] == "begin" and r["step"] == step]
+            assert any(r["digest"] == dg for r in begun), f"visible {p} (step {step}) is not what was saved"
+            n += 1
+        return n
+
+    def remount(self, how: str) -> None:
+        if how == "daemon-kill":
+            self.mount.kill()
+            self.mount.start()
+        elif how == "clean":
+            self.mount.remount()
+
+    def wait_begins(self, pid: int, n0: int, n: int, deadline: float) -> dict | None:
+        """Wait until the ledger has ``n`` more ``begin`` records than ``n0``; return the last one."""
+        while time.monotonic() < deadline:
+            begins = [r for r in self.recs() if r["ev"] == "begin"]
+            if len(begins) >= n0 + n:
+                return begins[n0 + n - 1]
+            if not running(pid):
+                raise AssertionError(f"train job exited early:\n{self.server.tail()}")
+            time.sleep(0.002)
+        raise AssertionError(f"train job made no progress:\n{self.server.tail()}")
+
+    def update_window(self) -> None:
+        recs = self.recs()
+        begin_t = {}
+        for r in recs:
+            if r["ev"] == "begin":
+                begin_t[r["step"]] = r["t"]
+            elif r["ev"] == "end" and r["step"] in begin_t:
+                self.window = max(self.window, r["t"] - begin_t[r["step"]])
+
+    def trial(self, i: int, remount: str, verify_all: bool = False) -> dict:
+        """One kill trial (see module docstring); returns its record.  Raises AssertionError on a violation."""
+        res: dict[str, Any] = {"trial": i, "remount": remount}
+        recs = self.recs()
+        if i > 0:
+            step, dg = self.resume_live()
+            check_loaded(step, dg, recs, f"trial {i} live resume")
+            res["live_step"] = step
+            res["live_tree"] = check_tree(self.mount.path, self.fw)
+            self.remount(remount)
+            res["remount_tree"] = check_tree(self.mount.path, self.fw)
+            if verify_all:
+                res["verified"] = self.check_all_visible()
+        n0 = sum(r["ev"] == "begin" for r in recs)
+        nres0 = sum(r["ev"] == "resumed" for r in recs)
+        pid = self.server.start("train", self.args(seed=0))
+        target = self.rng.randint(1, 3)
+        try:
+            b = self.wait_begins(pid, n0, target, time.monotonic() + 120)
+            delay = self.rng.uniform(0.0, 1.5 * self.window)
+            time.sleep(max(0.0, b["t"] + delay - time.monotonic()))
+        finally:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            status = self.server.reap(pid)
+            wait_group_dead(pid)
+        assert os.WIFSIGNALED(status), f"train job was not killed (status {status}):\n{self.server.tail()}"
+        recs = self.recs()
+        resumed = [r for r in recs if r["ev"] == "resumed"][nres0:]
+        if i > 0:
+            assert resumed or res["live_step"] is None, "train job did not resume"
+            if resumed:
+                prior = recs[:recs.index(resumed[0])]
+                check_loaded(resumed[0]["step"], resumed[0]["digest"], prior, f"trial {i} resume after remount")
+                res["remount_step"] = resumed[0]["step"]
+        last_begin = [r for r in recs if r["ev"] == "begin"][-1]
+        res["killed_in_save"] = not any(r["ev"] == "end" and r["step"] == last_begin["step"]
+                                        for r in recs[recs.index(last_begin):])
+        res["kill_delay"] = round(delay, 4)
+        self.update_window()
+        res["window"] = round(self.window, 4)
+        self.results.append(res)
+        return res
+
+    def final_check(self, verify_all: bool = True) -> dict:
+        """After the last kill: live check, daemon kill -9 + remount, checks again."""
+        recs = self.recs()
+        out: dict[str, Any] = {}
+        step, dg = self.resume_live()
+        check_loaded(step, dg, recs, "final live resume")
+        check_tree(self.mount.path, self.fw)
+        self.remount("daemon-kill")
+        out["tree"] = check_tree(self.mount.path, self.fw)
+        step, dg = self.resume_live()
+        check_loaded(step, dg, recs, "final resume after daemon kill")
+        out["step"] = step
+        if verify_all:
+            out["verified"] = self.check_all_visible()
+        return out
+
+    def close(self) -> None:
+        if self.own_server:
+            self.server.close()
+
+
+def remount_plan(i: int) -> str:
+    """Trial i's remount: every second trial a daemon kill -9, the others a clean stop + start."""
+    return "daemon-kill" if i % 2 else "clean"
+
+
+def run_campaign(fw: Framework, mount: Mount, work: Path, trials: int, seed: int,
+                 verify_all: bool = False, server: Server | None = None) -> dict:
+    """``trials`` kill trials of ``fw``; returns a summary (raises AssertionError on the first violation)."""
+    c = Campaign(fw, mount, work, seed, server)
+    t0 = time.monotonic()
+    try:
+        for i in range(trials):
+            c.trial(i, remount_plan(i), verify_all)
+        final = c.final_check()
+    finally:
+        c.close()
+    res = c.results
+    return {"framework": fw.name, "trials": trials, "seconds": round(time.monotonic() - t0, 1),
+            "killed_in_save": sum(r["killed_in_save"] for r in res),
+            "daemon_kills": sum(r["remount"] == "daemon-kill" for r in res[1:]) + 1,
+            "max_window_s": c.window, "final": final, "results": res}
