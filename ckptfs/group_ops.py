@@ -268,19 +268,24 @@ class GroupOps:
             return False
         killed = g.reason.startswith("writer killed")
         if not killed:
-            if self._rule_of(g).idle_seal or not g.pids:
+            if not g.pids or any(procinfo.is_alive(p) for p in g.pids):
                 return False
-            if any(procinfo.is_alive(p) for p in g.pids):
-                return False
+            if self._rule_of(g).idle_seal and self._has_files(g):
+                return False  # idle-seal layouts: a finished save cannot be told from a killed one
         if self._busy(g):
             return False
         self._barrier()
         with self.commit_lock:
             if g.state != OPEN or self._busy(g):
                 return False
-            reason = g.reason if killed else "every writer exited before the group was sealed"
+            reason = g.reason if killed else ("every writer exited before the group was sealed"
+                                              if self._has_files(g) else "every writer exited; the group is empty")
             self._quarantine(g, TORN, reason)
         return True
+
+    def _has_files(self, g: GroupState) -> bool:
+        pre = g.path + "/"
+        return any(k.startswith(pre) for k in self.records)
 
     def _quarantine(self, g: GroupState, state: str, reason: str) -> None:
         """Move g into .ckptfs/quarantine by a journaled op.  Caller holds commit_lock."""
@@ -355,7 +360,7 @@ class GroupOps:
                 continue
             rule = self._rule_of(g)
             idle = now - (g.last_activity or g.created_at)
-            if rule.idle_seal and idle >= self.rules.idle_seconds and not self._busy(g):
+            if rule.idle_seal and idle >= self.rules.idle_seconds and not self._busy(g) and self._has_files(g):
                 with self.commit_lock:
                     if g.state == OPEN:
                         self._seal_group(g, f"idle for {idle:.0f}s")
@@ -365,7 +370,7 @@ class GroupOps:
         idle sealing, quarantine the rest as torn (so the unmounted directory shows only
         sealed groups).  Caller holds commit_lock; no file is open."""
         for g in [g for g in self.groups.values() if g.state == OPEN]:
-            if self._rule_of(g).idle_seal and not g.reason.startswith("writer killed"):
+            if self._rule_of(g).idle_seal and not g.reason.startswith("writer killed") and self._has_files(g):
                 self._seal_group(g, "unmount (idle)")
             else:
                 self._quarantine(g, TORN, g.reason or "not sealed when the filesystem was unmounted")
