@@ -158,8 +158,10 @@ class InoMapStore:
         self.inner = inner
         self.map = real_to_rec
 
+    _FIELDS = tuple(k for k in dir(os.stat_result) if k.startswith("st_"))
+
     def _tr(self, st: os.stat_result) -> Any:
-        ns = types.SimpleNamespace(**{k: getattr(st, k) for k in dir(st) if k.startswith("st_")})
+        ns = types.SimpleNamespace(**{k: getattr(st, k) for k in self._FIELDS if hasattr(st, k)})
         ns.st_ino = self.map.get(st.st_ino, st.st_ino + INO_OFFSET)
         return ns
 
@@ -822,7 +824,7 @@ def inspect(root: str, inomap: dict[int, int]) -> tuple[dict[str, tuple], dict[s
     for path, v in vis.items():
         if v[0] == "f" and path not in js.files:
             problems.append(f"{path} has no record")
-    return vis, contents, problems, {p: r.to_json() for p, r in js.files.items()}
+    return vis, contents, problems, {p: (r.size, r.blake3, r.chunks, r.generation, r.ino) for p, r in js.files.items()}
 
 
 def record_workload(w: Workload, scratch: str) -> tuple[list[tuple], AppOps]:
