@@ -656,8 +656,8 @@ class AppOps:
         out = [dict(cur)]
         for op in self.ops:
             kind = op[0]
-            if kind == "write":
-                cur[op[1]] = ("f", blake3.blake3(op[2]).hexdigest())
+            if kind == "write":  # data, or its blake3 hex
+                cur[op[1]] = ("f", op[2] if isinstance(op[2], str) else blake3.blake3(op[2]).hexdigest())
             elif kind == "mkdir":
                 cur[op[1]] = ("d",)
             elif kind in ("unlink", "rmdir"):
@@ -894,9 +894,15 @@ def crash_points(log: list[tuple]) -> Iterator[tuple[int, int, int]]:
 
 def check_workload(w: Workload, model: str, scratch: str, bound: int = 64, seed: int = 0,
                    recovery_crash_every: int = 8, max_examples: int = 5) -> ModelResult:
-    """Enumerate power-loss states of ``w`` under ``model`` and check each (see module doc)."""
-    rng = random.Random(seed)
+    """Record ``w``, enumerate its power-loss states under ``model`` and check each (see module doc)."""
     log, app = record_workload(w, scratch)
+    return check_log(w, log, app, model, scratch, bound, seed, recovery_crash_every, max_examples)
+
+
+def check_log(w: Workload, log: list[tuple], app: AppOps, model: str, scratch: str, bound: int = 64,
+              seed: int = 0, recovery_crash_every: int = 8, max_examples: int = 5) -> ModelResult:
+    """Check every crash point of a recorded ``log`` (``w`` supplies name, mode, invariants)."""
+    rng = random.Random(seed)
     states = app.states()
     res = ModelResult(w.name, model, w.mode)
     cache: dict[bytes, Recovered] = {}
