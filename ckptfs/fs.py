@@ -491,6 +491,7 @@ class CkptFS:
         if wait and self.committer is not None and v.state in ("queued", "committing"):
             v.done.wait()
             if v.error is not None:
+                self._reported(v)
                 raise _err(v.error.errno or errno.EIO, str(v.error))
 
     def _failed(self, v: Version, e: OSError) -> None:
@@ -550,7 +551,13 @@ class CkptFS:
         if (v.state == "open" and v.dirty and not v.unlinked) or v.state in ("queued", "committing"):
             self._commit(v, caller, wait=True)
         if v.error is not None:
+            self._reported(v)
             raise _err(v.error.errno or errno.EIO, str(v.error))
+
+    def _reported(self, v: Version) -> None:
+        """v's async commit failure reached the application (fsync): no longer pending."""
+        with self.lock:
+            self.async_failures = [f for f in self.async_failures if f[1] is not v.error]
 
     def fsyncdir(self, path: str = "") -> None:
         """Wait for queued commits; report (once) async commit failures under path."""
@@ -894,6 +901,15 @@ class _Committer:
                 self.busy = True
             try:
                 with self.fs.commit_lock:
+                    with self.fs.lock:
+                        unreported = self.fs.async_failures[:1]
+                    if unreported:
+                        # An earlier commit failed and the application has not been
+                        # told yet (fsync/fsyncdir): installing later versions would
+                        # make a partial save visible (a step's .metadata without one
+                        # of its shards), so they fail too until it has been reported.
+                        p, e = unreported[0]
+                        raise OSError(errno.EIO, f"ckptfs: not committed: the earlier commit of {p} failed: {e}")
                     v.state = "committing"
                     self.fs._install(v)
             except OSError as e:
