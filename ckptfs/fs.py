@@ -340,7 +340,7 @@ class CkptFS:
                 try:
                     n = self.store.pwrite(v.fd, data, offset)
                 except OSError as e:
-                    self._poison(v, f"write failed: {e}")
+                    self._poison(v, f"write failed: {e}", e.errno)
                     raise
                 v.digest.update(data, offset)
                 v.size = max(v.size, offset + n)
@@ -379,7 +379,7 @@ class CkptFS:
                 try:
                     self.store.ftruncate(v.fd, length)
                 except OSError as e:
-                    self._poison(v, f"truncate failed: {e}")
+                    self._poison(v, f"truncate failed: {e}", e.errno)
                     raise
                 v.digest.truncated(length)
                 v.size = length
@@ -512,7 +512,8 @@ class CkptFS:
         if not h.writable or v is None or v.state != "open" or not v.dirty:
             return
         if v.doomed:
-            raise _err(errno.EIO, f"ckptfs: {v.path} not committed: {v.doomed}")
+            # the errno of the failed write (ENOSPC stays ENOSPC at close), else EIO
+            raise _err(v.doomed_errno or errno.EIO, f"ckptfs: {v.path} not committed: {v.doomed}")
         sig = procinfo.killing_signal(caller.pid)
         if sig:
             v.doomed = f"writer pid {caller.pid} killed by signal {sig}"
@@ -528,10 +529,11 @@ class CkptFS:
             self._unpublish(v)
             raise
 
-    def _poison(self, v: Version, reason: str) -> None:
+    def _poison(self, v: Version, reason: str, code: int | None = None) -> None:
         """A write to v failed: its content is unknown, so it must never commit."""
         if v.doomed is None:
             v.doomed = reason
+            v.doomed_errno = code
         self._unpublish(v)
 
     def _unpublish(self, v: Version) -> None:

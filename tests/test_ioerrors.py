@@ -177,23 +177,33 @@ def test_fsync_failure_is_never_retried_into_success(tmp_path: Path, mode: str, 
 
 # --------------------------------------------------------------------------- real disk full
 DISK_FULL_APP = """
-import os, torch
-big = {{"w": torch.ones(24 << 20, dtype=torch.uint8), "step": 2}}  # 24 MiB; about 23 MiB are free
-try:
-    with open({path!r}, "wb") as f:
-        torch.save(big, f)
-except OSError as e:
-    print("OSError", e.errno)
-except RuntimeError as e:  # torch's zip writer may wrap the write error
-    print("RuntimeError", e)
-else:
-    print("OK")
-"""
+import hashlib, json, os, torch
+model, fs_root = {model!r}, {fs_root!r}
+out = {{}}
 
-
-def _df_used(path: Path) -> int:
-    sv = os.statvfs(path)
+def used():
+    sv = os.statvfs(fs_root)
     return (sv.f_blocks - sv.f_bfree) * sv.f_frsize
+
+torch.save({{"w": torch.arange(1 << 20), "step": 1}}, model)  # 8 MiB, committed
+old = hashlib.sha256(open(model, "rb").read()).hexdigest()
+out["used_before"] = used()
+try:  # 24 MiB through a Python file object; about 23 MiB are free
+    with open(model, "wb") as f:
+        torch.save({{"w": torch.ones(24 << 20, dtype=torch.uint8), "step": 2}}, f)
+    out["big"] = "OK"
+except OSError as e:
+    out["big"] = ["OSError", e.errno]
+except RuntimeError as e:
+    out["big"] = ["RuntimeError", str(e)]
+out["used_after"] = used()  # .ckptfs is invisible through the mount: staging is measured by df
+out["old_intact"] = hashlib.sha256(open(model, "rb").read()).hexdigest() == old
+sd = torch.load(model, weights_only=True)
+out["old_loads"] = sd["step"] == 1 and torch.equal(sd["w"], torch.arange(1 << 20))
+torch.save({{"step": 3}}, model)  # a save that fits works again
+out["new_loads"] = torch.load(model, weights_only=True)["step"] == 3
+print(json.dumps(out))
+"""
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
@@ -206,30 +216,21 @@ def test_real_disk_full_through_the_mount(tmp_path: Path) -> None:
         d = small / "ckpts"
         d.mkdir()
         m = Mount(d).start()
-        model, other = str(d / "model.pt"), d / "other.txt"
-        run_py(f"import torch; torch.save({{'w': torch.arange(1 << 20), 'step': 1}}, {model!r})")  # 8 MiB
+        other = d / "other.txt"
         other.write_text("other-1")
-        old = Path(model).read_bytes()
-        used_before = _df_used(small)
-        r = run_py(DISK_FULL_APP.format(path=model), check=False)
-        out = r.stdout.strip()
-        assert r.returncode == 0, r.stderr
-        assert out != "OK", "a save larger than the free space succeeded"
-        # the application sees ENOSPC (or torch's wrapper of it, which names the failed write)
-        assert out == f"OSError {errno.ENOSPC}" or (
-            out.startswith("RuntimeError") and ("No space left" in out or "write" in out)), out
-        # nothing partial visible: the old checkpoint is intact and loads
-        assert Path(model).read_bytes() == old
-        run_py(f"import torch; sd = torch.load({model!r}, weights_only=True); "
-               "assert sd['step'] == 1 and torch.equal(sd['w'], torch.arange(1 << 20))")
-        # staging reclaimed while mounted (.ckptfs is invisible through the mount: df)
-        used_after = _df_used(small)
-        assert used_after <= used_before + (1 << 20), (used_before, used_after)
+        r = run_py(DISK_FULL_APP.format(model=str(d / "model.pt"), fs_root=str(small)))
+        out = json.loads(r.stdout.strip().splitlines()[-1])
+        # the application sees ENOSPC: from write() or close() of its file object
+        assert out["big"] == ["OSError", errno.ENOSPC], out
+        # nothing partial became visible: the old checkpoint is intact and loads
+        assert out["old_intact"] and out["old_loads"], out
+        # staging reclaimed while serving: the space is back
+        assert out["used_after"] <= out["used_before"] + (1 << 20), out
         # other paths still readable and writable; a save that fits works again
+        assert out["new_loads"], out
         assert other.read_text() == "other-1"
         other.write_text("other-2")
         assert other.read_text() == "other-2"
-        run_py(f"import torch; torch.save({{'step': 3}}, {model!r}); assert torch.load({model!r})['step'] == 3")
         m.stop()
         m = None
         assert os.listdir(d / META_DIR / "staging") == []
