@@ -177,7 +177,7 @@ def test_fsync_failure_is_never_retried_into_success(tmp_path: Path, mode: str, 
 
 # --------------------------------------------------------------------------- real disk full
 DISK_FULL_APP = """
-import hashlib, json, os, torch
+import hashlib, json, os, time, torch
 model, fs_root = {model!r}, {fs_root!r}
 out = {{}}
 
@@ -196,7 +196,13 @@ except OSError as e:
     out["big"] = ["OSError", e.errno]
 except RuntimeError as e:
     out["big"] = ["RuntimeError", str(e)]
-out["used_after"] = used()  # .ckptfs is invisible through the mount: staging is measured by df
+# FUSE sends RELEASE (which discards the failed staging file) asynchronously after
+# close() returned: wait for it (bounded), then measure.  .ckptfs is invisible
+# through the mount, so staging is measured by df.
+deadline = time.monotonic() + 30
+while used() > out["used_before"] + (1 << 20) and time.monotonic() < deadline:
+    time.sleep(0.05)
+out["used_after"] = used()
 out["old_intact"] = hashlib.sha256(open(model, "rb").read()).hexdigest() == old
 sd = torch.load(model, weights_only=True)
 out["old_loads"] = sd["step"] == 1 and torch.equal(sd["w"], torch.arange(1 << 20))
