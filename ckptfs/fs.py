@@ -450,7 +450,7 @@ class CkptFS(GroupOps):
                 try:
                     n = self.store.pwrite(v.fd, data, offset)
                 except OSError as e:
-                    self._poison(v, f"write failed: {e}")
+                    self._poison(v, f"write failed: {e}", e.errno)
                     raise
                 v.digest.update(data, offset)
                 end = offset + n
@@ -494,7 +494,7 @@ class CkptFS(GroupOps):
                 try:
                     self.store.ftruncate(v.fd, length)
                 except OSError as e:
-                    self._poison(v, f"truncate failed: {e}")
+                    self._poison(v, f"truncate failed: {e}", e.errno)
                     raise
                 v.digest.truncated(length)
                 v.size = length
@@ -618,6 +618,7 @@ class CkptFS(GroupOps):
         if wait and self.committer is not None and v.state in ("queued", "committing"):
             v.done.wait()
             if v.error is not None:
+                self._reported(v)
                 raise _err(v.error.errno or errno.EIO, str(v.error))
 
     def _failed(self, v: Version, e: OSError) -> None:
@@ -638,7 +639,8 @@ class CkptFS(GroupOps):
         if not h.writable or v is None or v.state != "open" or not v.dirty:
             return
         if v.doomed:
-            raise _err(errno.EIO, f"ckptfs: {v.path} not committed: {v.doomed}")
+            # the errno of the failed write (ENOSPC stays ENOSPC at close), else EIO
+            raise _err(v.doomed_errno or errno.EIO, f"ckptfs: {v.path} not committed: {v.doomed}")
         sig = procinfo.killing_signal(caller.pid)
         if sig:
             v.doomed = f"writer pid {caller.pid} killed by signal {sig}"
@@ -655,10 +657,11 @@ class CkptFS(GroupOps):
             self._unpublish(v)
             raise
 
-    def _poison(self, v: Version, reason: str) -> None:
+    def _poison(self, v: Version, reason: str, code: int | None = None) -> None:
         """A write to v failed: its content is unknown, so it must never commit."""
         if v.doomed is None:
             v.doomed = reason
+            v.doomed_errno = code
         self._unpublish(v)
 
     def _unpublish(self, v: Version) -> None:
@@ -678,7 +681,13 @@ class CkptFS(GroupOps):
         if (v.state == "open" and v.dirty and not v.unlinked) or v.state in ("queued", "committing"):
             self._commit(v, caller, wait=True)
         if v.error is not None:
+            self._reported(v)
             raise _err(v.error.errno or errno.EIO, str(v.error))
+
+    def _reported(self, v: Version) -> None:
+        """v's async commit failure reached the application (fsync): no longer pending."""
+        with self.lock:
+            self.async_failures = [f for f in self.async_failures if f[1] is not v.error]
 
     def fsyncdir(self, path: str = "") -> None:
         """Wait for queued commits; report (once) async commit failures under path."""
@@ -1091,6 +1100,15 @@ class _Committer:
                 self.busy = True
             try:
                 with self.fs.commit_lock:
+                    with self.fs.lock:
+                        unreported = self.fs.async_failures[:1]
+                    if unreported:
+                        # An earlier commit failed and the application has not been
+                        # told yet (fsync/fsyncdir): installing later versions would
+                        # make a partial save visible (a step's .metadata without one
+                        # of its shards), so they fail too until it has been reported.
+                        p, e = unreported[0]
+                        raise OSError(errno.EIO, f"ckptfs: not committed: the earlier commit of {p} failed: {e}")
                     v.state = "committing"
                     self.fs._install(v)
             except OSError as e:

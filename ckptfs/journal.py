@@ -227,7 +227,13 @@ class Journal:
             for k, v in self.extra_state().items():
                 snap.setdefault(k, v)
         tmp = SNAPSHOT + ".tmp"
-        fd = self.store.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        if self.store.exists(tmp):
+            # After a power loss the last compaction's rename may have persisted
+            # its new name but not the removal of the old one: tmp is then a
+            # second name of the live snapshot, and O_TRUNC through it would
+            # empty the snapshot (found by the model checker, weak model).
+            self.store.unlink(tmp)
+        fd = self.store.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             self.store.pwrite(fd, encode_frame(snap), 0)
             self.store.fsync(fd)

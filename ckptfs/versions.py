@@ -32,6 +32,7 @@ class Version:
     refs: int = 0  # handles referencing this version
     writers: int = 0  # write handles referencing this version
     doomed: str | None = None  # reason it must never commit (writer killed...)
+    doomed_errno: int | None = None  # errno of the failed write that doomed it (close reports it)
     unlinked: bool = False
     error: OSError | None = None  # async commit failure
     done: threading.Event = field(default_factory=threading.Event)

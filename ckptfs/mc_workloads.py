@@ -1,0 +1,251 @@
+"""Workloads and known-bad protocol variants for the power-loss model checker.
+
+A :class:`~ckptfs.modelcheck.Workload` is a function driving CkptFS through a
+:class:`~ckptfs.modelcheck.Driver` plus a list of invariants on the recovered
+visible tree.  New workloads (e.g. checkpoint groups with manifest + COMMIT,
+issue 3) plug in by adding a builder to :data:`WORKLOADS` and, where needed,
+an invariant such as :func:`group_whole`.
+
+Every file written is a real ``torch.save`` archive (``.pt``), JSON, or opaque
+bytes (DCP-like ``.distcp`` shards), so ckptfs's format checks run as in
+production.  Versions of one path have equal sizes where possible, so a record
+describing the wrong version cannot hide behind a size mismatch.
+
+:class:`BadCkptFS` is test-only: the real protocol with one deliberate defect
+(``variant``), which the checker must catch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import random
+from collections.abc import Callable
+
+import blake3
+
+from . import fs as fsmod
+from .fs import CkptFS
+from .modelcheck import Driver, Invariant, Workload
+from .recovery import parent
+
+SHARDS = 3
+
+
+def torch_bytes(seed: int, n: int = 256) -> bytes:
+    """A real torch.save archive (same size for the same ``n``)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    buf = io.BytesIO()
+    torch.save({"w": torch.randn(n, generator=g), "step": seed % 10}, buf)
+    return buf.getvalue()
+
+
+def opaque(seed: int, size: int) -> bytes:
+    return random.Random(seed).randbytes(size)
+
+
+def b3(data: bytes) -> str:
+    return blake3.blake3(data).hexdigest()
+
+
+# --------------------------------------------------------------------------- invariants
+def group_whole(marker: str) -> Invariant:
+    """A directory holding ``marker`` (JSON {"files": {name: blake3}}) holds all those files, intact."""
+
+    def check(vis: dict[str, tuple], contents: dict[str, bytes]) -> list[str]:
+        out = []
+        for path, v in vis.items():
+            if os.path.basename(path) != marker or v[0] != "f":
+                continue
+            d = os.path.dirname(path)
+            try:
+                listed = json.loads(contents[path])["files"]
+            except (ValueError, KeyError) as e:
+                out.append(f"{path} unreadable: {e}")
+                continue
+            for name, digest in listed.items():
+                p = f"{d}/{name}" if d else name
+                if vis.get(p) != ("f", digest):
+                    out.append(f"group {d or '.'} committed ({marker}) but {name} is "
+                               f"{'missing' if p not in vis else 'not the listed version'}")
+        return out
+
+    return check
+
+
+def pointer_valid(shards: dict[tuple[int, int], bytes]) -> Invariant:
+    """``latest`` names a step whose shards are all present; the step before it was not rotated away."""
+
+    def check(vis: dict[str, tuple], contents: dict[str, bytes]) -> list[str]:
+        if "latest" not in vis:
+            return []
+        i = int(contents["latest"])
+        out = []
+        for step in (i, i - 1):
+            for k in range(SHARDS):
+                p = f"shards/s_{step}_{k}.pt"
+                if step >= 0 and vis.get(p) != ("f", b3(shards[(step, k)])):
+                    out.append(f"latest={i} but {p} is missing or wrong")
+        return out
+
+    return check
+
+
+# --------------------------------------------------------------------------- workloads
+def single(mode: str = "sync") -> Workload:
+    """One torch.save of a new file."""
+    data = torch_bytes(1, 1024)
+    return Workload("single", mode, lambda d: d.save("model.pt", data))
+
+
+def overwrite(mode: str = "sync", versions: int = 3) -> Workload:
+    """Repeated torch.save over the same path (equal sizes)."""
+    vs = [torch_bytes(10 + i, 1024) for i in range(versions)]
+
+    def run(d: Driver) -> None:
+        for v in vs:
+            d.save("model.pt", v)
+        if not d.sync:
+            d.fsyncdir()
+
+    return Workload("overwrite", mode, run)
+
+
+def group(mode: str = "sync", steps: int = 2) -> Workload:
+    """Checkpoint group per step: model.pt, optim.pt, then COMMIT (JSON listing both) last."""
+    def run(d: Driver) -> None:
+        for s in range(steps):
+            files = {"model.pt": torch_bytes(100 + s), "optim.pt": torch_bytes(200 + s, 512)}
+            d.mkdir(f"step_{s}")
+            for name, data in files.items():
+                d.save(f"step_{s}/{name}", data)
+            commit = json.dumps({"files": {n: b3(b) for n, b in files.items()}}).encode()
+            d.save(f"step_{s}/COMMIT", commit)
+            if not d.sync:
+                d.fsyncdir()
+
+    return Workload("group", mode, run, [group_whole("COMMIT")])
+
+
+def dcp(mode: str = "sync", steps: int = 2, shards: int = 6) -> Workload:
+    """DCP-like save: ckpt/step_s/__i_0.distcp shards (opaque bytes), ``.metadata`` last."""
+    def run(d: Driver) -> None:
+        d.mkdir("ckpt")
+        for s in range(steps):
+            d.mkdir(f"ckpt/step_{s}")
+            listed = {}
+            for i in range(shards):
+                data = opaque(1000 * s + i, 20000 + 1000 * i)
+                d.save(f"ckpt/step_{s}/__{i}_0.distcp", data, chunk=8192)
+                listed[f"__{i}_0.distcp"] = b3(data)
+            # async mode: fsync(.metadata) acknowledges the whole step (commits are in close order)
+            d.save(f"ckpt/step_{s}/.metadata", json.dumps({"files": listed}).encode(), fsync=not d.sync)
+
+    return Workload("dcp", mode, run, [group_whole(".metadata")])
+
+
+def pointer_rotation(mode: str = "sync", steps: int = 4, compact_every: int = 12) -> Workload:
+    """Per step: SHARDS torch.save shards, latest.tmp + rename over latest, unlink step-2, fsync(dir).
+
+    Journal compaction every ``compact_every`` entries is switched on so its
+    crash points are covered too.
+    """
+    shard_data = {(i, k): torch_bytes(1000 + 10 * i + k) for i in range(steps) for k in range(SHARDS)}
+
+    def run(d: Driver) -> None:
+        old = fsmod.COMPACT_EVERY
+        fsmod.COMPACT_EVERY = compact_every
+        try:
+            d.mkdir("shards")
+            for i in range(steps):
+                for k in range(SHARDS):
+                    d.save(f"shards/s_{i}_{k}.pt", shard_data[(i, k)])
+                d.save("latest.tmp", str(i).encode())
+                d.rename("latest.tmp", "latest")
+                if i >= 2:
+                    for k in range(SHARDS):
+                        d.unlink(f"shards/s_{i - 2}_{k}.pt")
+                d.fsyncdir()
+        finally:
+            fsmod.COMPACT_EVERY = old
+
+    name = "pointer_rotation" if mode == "sync" else "async_pointer_rotation"
+    return Workload(name, mode, run, [pointer_valid(shard_data)])
+
+
+def workloads(scale: str = "bounded") -> list[Workload]:
+    """The representative workloads; ``full`` is larger than ``bounded`` (the test suite's)."""
+    if scale == "full":
+        return [single(), overwrite(versions=4), group(steps=3), dcp(steps=3, shards=8),
+                pointer_rotation(steps=6), pointer_rotation("async", steps=6),
+                dcp("async", steps=3, shards=8)]
+    return [single(), overwrite(), group(steps=1), dcp(steps=2, shards=3), pointer_rotation(steps=3),
+            pointer_rotation("async", steps=3)]
+
+
+def with_async_name(w: Workload) -> Workload:
+    if w.mode == "async" and not w.name.startswith("async"):
+        return dataclasses.replace(w, name="async_" + w.name)
+    return w
+
+
+WORKLOADS: dict[str, Callable[..., Workload]] = {
+    "single": single, "overwrite": overwrite, "group": group, "dcp": dcp, "pointer_rotation": pointer_rotation,
+}
+
+
+# --------------------------------------------------------------------------- known-bad variants
+BAD_VARIANTS = (
+    "no_dir_fsync",          # install: no fsync of the parent directory after the rename
+    "rename_before_fsync",   # install: rename (and dir fsync) before the staged data is fsynced
+    "rename_before_intent",  # install: rename before the journal intent is written
+    "no_journal_sync",       # install: intent appended without fdatasync
+    "ns_no_dir_fsync",       # namespace ops (rename/unlink/mkdir): directories not fsynced
+)
+
+
+class BadCkptFS(CkptFS):
+    """CkptFS with one deliberate protocol defect.  TEST ONLY: proves the checker catches it."""
+
+    variant = ""
+
+    def _install(self, v) -> None:  # type: ignore[no-untyped-def]
+        if v.unlinked:
+            self._discard(v, None)
+            return
+        bad = self.variant
+        prev = self.records.get(v.path)
+        rec = dataclasses.replace(v.record, generation=prev.generation + 1 if prev else 1)
+        entry = {"op": "install", "path": v.path, "staging": v.staging, "rec": rec.to_json()}
+        if bad != "rename_before_fsync":
+            self.store.fsync(v.fd)
+        if bad == "rename_before_intent":
+            self.store.rename(v.staging, v.path)
+        self.journal.append(entry, sync=bad != "no_journal_sync")
+        if bad != "rename_before_intent":
+            self.store.rename(v.staging, v.path)
+        if bad != "no_dir_fsync":
+            self.store.fsync_dir(parent(v.path))
+        if bad == "rename_before_fsync":
+            self.store.fsync(v.fd)
+        self._installed(v, rec)
+        self._maybe_compact()
+
+    def _ns_op(self, entry: dict, do, dirs: list[str]) -> None:  # type: ignore[no-untyped-def]
+        super()._ns_op(entry, do, [] if self.variant == "ns_no_dir_fsync" else dirs)
+
+
+def bad_factory(variant: str) -> type[CkptFS]:
+    if variant not in BAD_VARIANTS:
+        raise ValueError(variant)
+    return type(f"Bad_{variant}", (BadCkptFS,), {"variant": variant})
+
+
+def bad_workload(variant: str) -> Workload:
+    """The workload that exposes ``variant``: an overwrite (install defects) or pointer update."""
+    w = pointer_rotation(steps=1) if variant == "ns_no_dir_fsync" else overwrite(versions=2)
+    return dataclasses.replace(w, name=f"{w.name}[bad:{variant}]", fs_factory=bad_factory(variant))
