@@ -1,0 +1,28 @@
+"""A new file whose writer was killed is never committed, but the kernel may
+still hold its dentry (entry timeout): re-creating the path at once must work."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from conftest import Mount
+
+
+def test_recreate_after_killed_writer_of_new_file(mnt: Mount) -> None:
+    path = mnt.path / "new.bin"
+    for attempt in range(3):
+        pid = os.fork()
+        if pid == 0:
+            with open(path, "wb") as f:
+                f.write(b"x" * 100_000)
+                f.flush()
+                os.kill(os.getpid(), signal.SIGKILL)
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status)
+        assert not path.exists()  # the dying writer's version is not committed
+        with open(path, "wb") as f:  # O_CREAT|O_TRUNC through a possibly stale dentry
+            f.write(b"complete %d" % attempt)
+        assert path.read_bytes() == b"complete %d" % attempt
+        os.unlink(path)
