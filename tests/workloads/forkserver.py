@@ -18,6 +18,7 @@ training workload deterministic.
 from __future__ import annotations
 
 import importlib
+import io
 import json
 import os
 import sys
@@ -43,9 +44,18 @@ def _child(func: str, args: list) -> None:
     os._exit(code)
 
 
+def warm_up() -> None:
+    """Do torch.save/torch.load once here, so children do not each pay the lazy imports."""
+    buf = io.BytesIO()
+    torch.save({"t": torch.zeros(4), "n": [1]}, buf)
+    buf.seek(0)
+    torch.load(buf, weights_only=True)
+
+
 def main() -> None:
     for mod in sys.argv[1:]:
         importlib.import_module(mod)
+    warm_up()
     for line in sys.stdin:
         cmd, _, rest = line.strip().partition(" ")
         if cmd == "call":
