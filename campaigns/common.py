@@ -35,6 +35,11 @@ class ForkServer:
     def __init__(self, *modules: str) -> None:
         self.p = subprocess.Popen([sys.executable, str(WORKLOADS / "forkserver.py"), *modules],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_env())
+        assert self.p.stdout
+        ready = self.p.stdout.readline().strip()
+        if ready != "ready":
+            self.close()
+            raise RuntimeError(f"fork server failed to start: {ready!r}")
 
     def ask(self, line: str) -> str:
         assert self.p.stdin and self.p.stdout

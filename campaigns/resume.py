@@ -67,9 +67,11 @@ def run(kills: int, seed: int = 3, total: int = 300, omit: tuple[str, ...] = (),
             m.start()
             aborts0 = json.loads(os.getxattr(str(d), "user.ckptfs.stats")).get("aborts", 0)
             ack = base / "run.ack"
-            last_ckpt = 0
+            last_ckpt = progress = 0
             for k in range(kills + 1):
                 final_run = k == kills
+                if final_run:
+                    progress = last_ckpt
                 pid = fs.call("train.train", str(d), total, str(ack), str(base / "final.pt"), list(omit))
                 if not final_run:
                     time.sleep(rng.uniform(0.0, 2 * window / kills))
@@ -110,6 +112,7 @@ def run(kills: int, seed: int = 3, total: int = 300, omit: tuple[str, ...] = (),
             shutil.rmtree(base, ignore_errors=True)
     return {"campaign": "resume", "seed": seed, "trials": done_kills, "kills": done_kills,
             "killed_while_running": interrupted, "resumes": resumes, "total_steps": total,
+            "step_reached_before_final_run": progress,
             "checkpoint_every": train.EVERY, "ckptfs_aborts": aborts, "tensors_compared": ntensors,
             "bit_identical": not any("differ" in v for v in violations), "omit": list(omit),
             "reference_run_s": round(window, 2), "violations": violations, "machine": machine(),

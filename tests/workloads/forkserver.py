@@ -2,7 +2,7 @@
 
 Usage: forkserver.py MODULE...   (modules from this directory, imported once up front)
 
-Protocol on stdin/stdout, one line each:
+Protocol on stdin/stdout, one line each (the server first prints "ready"):
   "call MODULE.FUNC JSON_ARGS" -> forks a child that runs FUNC(*args) and exits 0
                                  (1 on any exception, KeyboardInterrupt included);
                                  replies "pid N".  The child's stdout goes to
@@ -56,6 +56,7 @@ def main() -> None:
     for mod in sys.argv[1:]:
         importlib.import_module(mod)
     warm_up()
+    print("ready", flush=True)
     for line in sys.stdin:
         cmd, _, rest = line.strip().partition(" ")
         if cmd == "call":

@@ -34,6 +34,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Sampler, TensorDataset
 
+# at import: the first call imports torch._inductor (seconds), which a fork server pays once
+torch.use_deterministic_algorithms(True)
+
 SEED = 1234
 N, D_IN, CLASSES, BATCH, EVERY = 512, 32, 10, 16, 5
 
