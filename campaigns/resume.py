@@ -95,6 +95,7 @@ def run(kills: int, seed: int = 3, total: int = 300, omit: tuple[str, ...] = (),
                     elif kind == "ckpt":
                         last_ckpt = max(last_ckpt, n)
                 if ("done", -1) in lines and not final_run:
+                    progress = last_ckpt
                     break  # finished before the remaining kills; counted honestly below
             aborts = json.loads(os.getxattr(str(d), "user.ckptfs.stats")).get("aborts", 0) - aborts0
             if not (base / "final.pt").exists():

@@ -7,7 +7,8 @@ the seed paper's three modes (unsafe, atomic_nodirsync, atomic_dirsync), same
 workload, same machine, same run.
 
 Per condition: one uninterrupted save, then the save window W is measured
-(median of uninterrupted saves, fork to reap), then each trial forks a save of
+(median of the last 5 uninterrupted saves, fork to reap, re-measured every 10
+trials so it follows the machine's load), then each trial forks a save of
 the next generation/step, sleeps U(0, W), SIGKILLs it, reaps it and checks:
 
 OK  <=>  the resume logic loads bit-exact data of the previous or the new
@@ -44,6 +45,7 @@ WORKLOADS = ("torch.save", "group")
 FULL = {("ckptfs-sync", "torch.save"): 350, ("ckptfs-sync", "group"): 350,
         ("ckptfs-async", "torch.save"): 150, ("ckptfs-async", "group"): 150}
 FULL_NATIVE = 200
+RECALIBRATE = 10  # trials between two measurements of the save window
 
 
 def full_counts() -> dict[tuple[str, str], int]:
@@ -128,11 +130,18 @@ def run_condition(base: Path, mode: str, workload: str, trials: int, rng: random
             t0 = time.perf_counter()
             c.save(gen)
             windows.append(time.perf_counter() - t0)
-        window = statistics.median(windows)
         aborts0 = c.aborts()
         ok = 0
         t_start = time.perf_counter()
+        used = []
         for t in range(trials):
+            if t and t % RECALIBRATE == 0:  # follow the machine's load: re-measure the window
+                gen += 1
+                t0 = time.perf_counter()
+                c.save(gen)
+                windows = windows[-4:] + [time.perf_counter() - t0]
+            window = statistics.median(windows)
+            used.append(window)
             new = gen + 1
             pid = c.spawn(new)
             time.sleep(rng.uniform(0.0, window))
@@ -169,7 +178,7 @@ def run_condition(base: Path, mode: str, workload: str, trials: int, rng: random
         violations += c.close()
     shutil.rmtree(c.dir, ignore_errors=True)
     res = {"mode": mode, "workload": workload, "trials": trials, "ok": ok, "killed_mid_run": killed,
-           "outcomes": outcomes, "save_window_s": round(window, 4), "ckptfs_aborts": aborted,
+           "outcomes": outcomes, "save_window_s": round(statistics.median(used), 4), "ckptfs_aborts": aborted,
            "wall_s": round(elapsed, 1)}
     return res, violations
 
