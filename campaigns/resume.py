@@ -4,10 +4,12 @@ The workload is ``tests/workloads/train.py`` (deterministic CPU training with
 dropout, AdamW, StepLR, a DataLoader cursor and torch/numpy/python RNG state,
 checkpointing every 5 steps through the mount with a ``latest`` pointer).
 
-1. Reference: one uninterrupted run in a plain directory; its duration W.
+1. Reference: one uninterrupted run in a plain directory.  Window W: the
+   duration of one uninterrupted run through the mount (another directory).
 2. Through a ckptfs mount: ``kills`` times, start the run (it resumes from the
-   newest visible checkpoint), SIGKILL it after U(0, 2W/kills), reap it.  Then
-   one run to completion.
+   newest visible checkpoint), SIGKILL it after U(0, 2R/k) where R is W scaled
+   to the steps still to go and k the kills still to do (so the kills spread over
+   the whole run), reap it.  Then one run to completion.
 3. Invariants: every resume found a loadable checkpoint (a run that cannot load
    what the pointer names exits non-zero), every resume is at or after the
    newest checkpoint the previous attempt had acknowledged, and the final model
@@ -63,8 +65,12 @@ def run(kills: int, seed: int = 3, total: int = 300, omit: tuple[str, ...] = (),
     done_kills = interrupted = resumes = 0
     try:
         with ForkServer("train") as fs:
-            window = fs.run("train.train", str(ref_dir), total, str(base / "ref.ack"), str(base / "ref.pt"))
+            fs.run("train.train", str(ref_dir), total, str(base / "ref.ack"), str(base / "ref.pt"))
             m.start()
+            calib = d / "calibration"  # an uninterrupted run through the mount: its duration is the window
+            calib.mkdir()
+            window = fs.run("train.train", str(calib), total, str(base / "calib.ack"), str(base / "calib.pt"))
+            shutil.rmtree(calib)
             aborts0 = json.loads(os.getxattr(str(d), "user.ckptfs.stats")).get("aborts", 0)
             ack = base / "run.ack"
             last_ckpt = progress = 0
@@ -74,7 +80,9 @@ def run(kills: int, seed: int = 3, total: int = 300, omit: tuple[str, ...] = (),
                     progress = last_ckpt
                 pid = fs.call("train.train", str(d), total, str(ack), str(base / "final.pt"), list(omit))
                 if not final_run:
-                    time.sleep(rng.uniform(0.0, 2 * window / kills))
+                    # spread the kills over what is left of the run: mean kill time = remaining / kills left
+                    remaining = window * (total - last_ckpt) / total
+                    time.sleep(rng.uniform(0.0, 2 * remaining / (kills - k)))
                     try:
                         os.kill(pid, signal.SIGKILL)
                     except ProcessLookupError:
@@ -116,7 +124,7 @@ def run(kills: int, seed: int = 3, total: int = 300, omit: tuple[str, ...] = (),
             "step_reached_before_final_run": progress,
             "checkpoint_every": train.EVERY, "ckptfs_aborts": aborts, "tensors_compared": ntensors,
             "bit_identical": not any("differ" in v for v in violations), "omit": list(omit),
-            "reference_run_s": round(window, 2), "violations": violations, "machine": machine(),
+            "mounted_run_s": round(window, 2), "violations": violations, "machine": machine(),
             "wall_s": round(time.perf_counter() - t0, 1), "date": time.strftime("%Y-%m-%d %H:%M")}
 
 
