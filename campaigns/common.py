@@ -11,6 +11,7 @@ import json
 import math
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -26,7 +27,8 @@ for _p in (ROOT, ROOT / "tests", WORKLOADS):
 from conftest import Mount, _env, fusermount  # noqa: E402
 
 __all__ = ["ROOT", "WORKLOADS", "Mount", "_env", "fusermount", "ForkServer", "wilson", "machine", "dump",
-           "killed_by", "no_fuse_mounts_under", "workload"]
+           "killed_by", "no_fuse_mounts_under", "workload",
+           "interruptible"]
 
 
 class ForkServer:
@@ -131,3 +133,13 @@ def no_fuse_mounts_under(base: Path) -> bool:
 def workload(name: str) -> Any:
     """Import a module from ``tests/workloads`` (e.g. ``saver``) in this process."""
     return importlib.import_module(name)
+
+
+def interruptible() -> None:
+    """SIGINT and SIGTERM raise KeyboardInterrupt, so ``finally`` blocks unmount and stop
+    what a campaign started (also when started in the background, where SIGINT is ignored)."""
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from ckptfs import META_DIR, crashpoints
 
-from .common import ROOT, ForkServer, Mount, dump, machine, no_fuse_mounts_under, workload
+from .common import ROOT, ForkServer, Mount, dump, interruptible, machine, no_fuse_mounts_under, workload
 
 sequence = workload("sequence")
 
@@ -176,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=2)
     ap.add_argument("--json", default=str(ROOT / "docs" / "results" / "raw" / "daemon.json"))
     a = ap.parse_args(argv)
+    interruptible()
     res = run(a.per_point, a.recovery, a.random, seed=a.seed)
     res["command"] = (f"scripts/kill_daemon_campaign --per-point {a.per_point} --recovery {a.recovery} "
                       f"--random {a.random} --seed {a.seed}")

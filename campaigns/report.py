@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from . import daemon, faultsweep, resume, writer
-from .common import ROOT, machine, wilson
+from .common import ROOT, interruptible, machine, wilson
 
 RESULTS = ROOT / "docs" / "results"
 QUICK = {"writer_scale": 0.05, "per_point": 1, "recovery": 1, "random": 2, "kills": 8}
@@ -198,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--render", action="store_true", help="only render the markdown from the raw JSON")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
+    interruptible()
     if a.quick:
         base = Path(tempfile.gettempdir()) / "ckptfs-reliability-quick"
         raw, out = base / "raw", Path(a.out or base / "reliability.md")

@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .common import ROOT, ForkServer, Mount, dump, killed_by, machine, no_fuse_mounts_under, workload
+from .common import ROOT, ForkServer, Mount, dump, interruptible, killed_by, machine, no_fuse_mounts_under, workload
 
 train = workload("train")
 
@@ -135,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=3)
     ap.add_argument("--json", default=str(ROOT / "docs" / "results" / "raw" / "resume.json"))
     a = ap.parse_args(argv)
+    interruptible()
     res = run(a.kills, seed=a.seed, total=a.steps)
     res["command"] = f"scripts/resume_campaign --kills {a.kills} --steps {a.steps} --seed {a.seed}"
     dump(res, a.json)

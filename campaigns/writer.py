@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .common import ROOT, ForkServer, Mount, dump, killed_by, machine, no_fuse_mounts_under, workload
+from .common import ROOT, ForkServer, Mount, dump, interruptible, killed_by, machine, no_fuse_mounts_under, workload
 
 saver = workload("saver")
 
@@ -216,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", default=str(ROOT / "docs" / "results" / "raw" / "writer.json"))
     a = ap.parse_args(argv)
+    interruptible()
     counts = {k: max(1, round(v * a.scale)) for k, v in full_counts().items()}
     res = run(counts, seed=a.seed)
     res["command"] = "scripts/kill_writer_campaign" + (f" --scale {a.scale}" if a.scale != 1.0 else "")

@@ -14,7 +14,7 @@ which generation or step a file holds and that it holds all of it.
 
 Group layout in DIR (step s):  ``step_<s>/shard_<k>.pt`` (k < SHARDS), then
 ``step_<s>/manifest.json`` ({"step", "sizes"}), then the pointer ``latest``
-("s"), then rotation removes ``step_<s-2>``.  Resume logic: read ``latest``,
+("s"), then rotation removes ``step_<j>`` for every j <= s-2.  Resume logic: read ``latest``,
 load that step's shards.  Invariant checked by ``check_group``: the pointer names
 a step whose shards and manifest are all complete, and no visible shard or
 manifest anywhere is torn.
@@ -113,11 +113,13 @@ def save_group(d: str, step: int, mode: str = "ckptfs") -> None:
         sizes[f"shard_{k}.pt"] = os.path.getsize(p)
     write(json.dumps({"step": step, "sizes": sizes}).encode(), os.path.join(sd, "manifest.json"), mode)
     write(str(step).encode(), os.path.join(d, "latest"), mode)
-    old = step_dir(d, step - 2)
-    if os.path.isdir(old):
-        for n in os.listdir(old):
-            os.unlink(os.path.join(old, n))
-        os.rmdir(old)
+    # keep the last two steps; also remove what an interrupted earlier rotation left behind
+    for name in os.listdir(d):
+        if name.startswith("step_") and int(name[5:]) <= step - 2:
+            old = os.path.join(d, name)
+            for n in os.listdir(old):
+                os.unlink(os.path.join(old, n))
+            os.rmdir(old)
 
 
 def _check_manifest(path: str, step: int) -> None:
