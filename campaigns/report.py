@@ -111,7 +111,7 @@ def render(res: dict[str, dict], machine_line: str) -> str:
         ok, n = sum(c["ok"] for c in ck), sum(c["trials"] for c in ck)
         L += ["", "## 1. Writer killed (kill -9) during a save: ckptfs vs the three native modes", "",
               f"Workloads: `torch.save` of a {4 * w['state_numel'] // 2**20} MiB state over the existing file; "
-              "a group save (3 shards + manifest, then the `latest` pointer, rotation of step-2).  Kill time "
+              "a group save (3 shards + manifest, then the `latest` pointer, rotation keeping two steps).  Kill time "
               "uniform in the condition's measured save window.  OK = the resume logic loads bit-exact data "
               "of the previous or the new generation/step (the new one if the writer finished first) and no torn "
               "file is visible.  \"killed\" = the writer was still running when killed; \"refused\" = versions "
