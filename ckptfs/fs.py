@@ -376,7 +376,7 @@ class CkptFS(GroupOps):
         with self.lock:
             v = self._visible(path)
             if writable and flags & os.O_TRUNC:
-                mode = self.getattr(path)["st_mode"]
+                mode = self._stat_or_stale(path)["st_mode"]
                 nv = self._new_version(path, mode, caller)
                 if v is not None and v.state == "open":
                     v.unlinked = True
@@ -388,12 +388,26 @@ class CkptFS(GroupOps):
                 if writable:
                     v.writers += 1
                 return self._new_fh(Handle(path=path, writable=writable, version=v, append=bool(flags & os.O_APPEND)))
-        st = self.store.lstat(path)
-        if stat.S_ISDIR(st.st_mode):
+        st_mode = self._stat_or_stale(path)["st_mode"]
+        if stat.S_ISDIR(st_mode):
             raise _err(errno.EISDIR)
         fd, chk = self.integrity.open_committed(path, self.store.open(path, os.O_RDONLY))  # EIO if corrupt
         self.integrity.bind(fd, chk)
         return self._new_fh(Handle(path=path, writable=writable, fd=fd, append=bool(flags & os.O_APPEND)))
+
+    def _stat_or_stale(self, path: str) -> dict[str, Any]:
+        """getattr for open(); a missing path gives ESTALE, not ENOENT.
+
+        The kernel sends OPEN (never CREATE, and without O_CREAT) when it still
+        caches a dentry for the name, e.g. of a new file whose dying writer's
+        version was just unpublished.  ESTALE makes the VFS look the name up
+        again (LOOKUP_REVAL) and then CREATE it, or fail with ENOENT, as the
+        application's open flags say.
+        """
+        try:
+            return self.getattr(path)
+        except FileNotFoundError:
+            raise _err(errno.ESTALE, f"{path}: vanished") from None
 
     def _writable_version(self, h: Handle, caller: Caller) -> Version:
         """The open version a write through ``h`` goes to (copy-on-write).

@@ -55,8 +55,13 @@ def make_operations(mfusepy: Any, fs: CkptFS) -> Any:
         def init_with_config(self, conn: Any, config: Any) -> None:
             if config is not None:
                 config.hard_remove = 1  # unlink really unlinks; no .fuse_hidden files
-                config.entry_timeout = 1.0
-                config.attr_timeout = 1.0
+                # No entry/attribute caching: the daemon changes what a path shows behind the kernel's
+                # back (a dying writer's O_TRUNC version unpublished, a torn group quarantined).  A cached
+                # size cut reads short (an empty `latest`, found by the resume campaign); a cached dentry
+                # plus fresh attributes made O_CREAT fail with ENOENT.  Invalidating from the daemon
+                # (fuse_invalidate_path) showed the same ENOENT, so nothing is cached (docs/design.md).
+                config.entry_timeout = 0.0
+                config.attr_timeout = 0.0
                 config.negative_timeout = 0.0
             if conn is not None:
                 # no FUSE_CAP_HANDLE_KILLPRIV_V2 in libfuse 3.14 (capable lacks it), so the kernel

@@ -156,6 +156,7 @@ class GroupOps:
             if t not in g.pids:
                 g.pids.append(t)
         g.last_activity = time.time()
+        g.written = True
 
     def _note_group_mkdir(self, path: str, pid: int) -> None:
         """A directory was created (commit_lock held): it opens a group if a rule names it."""
@@ -270,11 +271,13 @@ class GroupOps:
         if not killed:
             if not g.pids or any(procinfo.is_alive(p) for p in g.pids):
                 return False
-            if self._rule_of(g).idle_seal and self._has_files(g):
+            if self._rule_of(g).idle_seal and (self._has_files(g) or g.written):
                 return False  # idle-seal layouts: a finished save cannot be told from a killed one
-        if self._busy(g):
-            return False
-        self._barrier()
+        pre = g.path + "/"
+        with self.lock:
+            if any(p.startswith(pre) and not v.unlinked and v.state == "open" for p, v in self.pending.items()):
+                return False  # a file is still being written
+        self._barrier()  # async: let versions closed before the kill install first (queue order)
         with self.commit_lock:
             if g.state != OPEN or self._busy(g):
                 return False

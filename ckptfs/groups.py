@@ -71,10 +71,11 @@ class GroupState:
     seal_requested: str = ""  # a completion event seen while files were still open (live only)
     last_activity: float = 0.0  # live only
     corrupt: str = ""  # a file failed verification; quarantined by the next sweep (live only)
+    written: bool = False  # a file was ever created in it (live only)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
-        for live_only in ("pids", "seal_requested", "last_activity", "corrupt"):
+        for live_only in ("pids", "seal_requested", "last_activity", "corrupt", "written"):
             d.pop(live_only)
         return d
 

@@ -18,43 +18,10 @@ from conftest import ROOT, Mount, _env
 from ckptfs import META_DIR, crashpoints
 
 sys.path.insert(0, str(ROOT / "tests" / "workloads"))
-import sequence  # noqa: E402
+from sequence import check_prefix_state, read_acks  # noqa: E402
 
 STEPS = 8
 WORKLOAD = str(ROOT / "tests" / "workloads" / "sequence.py")
-
-
-def read_acks(ackfile: Path) -> list[int]:
-    if not ackfile.exists():
-        return []
-    return [int(x) for x in ackfile.read_text().split()]
-
-
-def check_prefix_state(d: Path, acked: list[int]) -> int:
-    """Assert the sequence workload's invariants on a (re)mounted dir; return latest."""
-    names = set(os.listdir(d))
-    assert names <= {"shards", "latest", "latest.tmp"}, names
-    latest = int((d / "latest").read_text()) if "latest" in names else -1
-    if acked:
-        assert latest >= max(acked), f"acked step {max(acked)} lost (latest={latest})"
-    files = [n[2:-3].split("_") for n in os.listdir(d / "shards")] if "shards" in names else []
-    present: dict[int, set[int]] = {}
-    for i, k in ((int(a), int(b)) for a, b in files):
-        sequence.check_shard(str(d / "shards" / f"s_{i}_{k}.pt"), i, k)  # every visible file is whole
-        present.setdefault(i, set()).add(k)
-    shards = set(present)
-    full = set(range(sequence.SHARDS))
-    if latest >= 0:
-        # the pointer never survives without all the shards it names (ordering),
-        # and rotation never removed the step before it
-        assert present.get(latest) == full, (latest, present)
-        assert latest == 0 or present.get(latest - 1) == full, (latest, present)
-    # prefix: nothing beyond the step after the pointer exists; rotation only behind it
-    assert all(i <= latest + 1 for i in shards), (latest, shards)
-    assert all(i >= latest - 2 for i in shards), (latest, shards)
-    if "latest.tmp" in names:
-        assert int((d / "latest.tmp").read_text()) in (latest, latest + 1)
-    return latest
 
 
 def run_workload(m: Mount, ackfile: Path, steps: int = STEPS, timeout: float = 120) -> int:

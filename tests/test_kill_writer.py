@@ -6,34 +6,18 @@ import json
 import os
 import random
 import signal
-import subprocess
 import sys
 import time
 
 import pytest
-from conftest import ROOT, Mount, _env
+from conftest import ROOT, Mount
+
+from campaigns.common import ForkServer
 
 sys.path.insert(0, str(ROOT / "tests" / "workloads"))
 import saver  # noqa: E402
 
 TRIALS = {signal.SIGKILL: 60, signal.SIGTERM: 25, signal.SIGINT: 25}
-
-
-class ForkServer:
-    def __init__(self) -> None:
-        self.p = subprocess.Popen([sys.executable, str(ROOT / "tests" / "workloads" / "saver.py")],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_env())
-
-    def ask(self, line: str) -> str:
-        assert self.p.stdin and self.p.stdout
-        self.p.stdin.write(line + "\n")
-        self.p.stdin.flush()
-        return self.p.stdout.readline().strip()
-
-    def close(self) -> None:
-        if self.p.stdin:
-            self.p.stdin.close()
-        self.p.wait(30)
 
 
 def stats(m: Mount) -> dict:
@@ -44,19 +28,19 @@ def stats(m: Mount) -> dict:
 def test_killed_writer_leaves_old_or_new(mnt: Mount, sig: int) -> None:
     rng = random.Random(1000 + sig)
     path = mnt.path / "latest.pt"
-    fs = ForkServer()
+    fs = ForkServer("saver")
     try:
-        pid = int(fs.ask(f"save {path} 0 1").split()[1])
-        assert fs.ask(f"reap {pid}") == "status 0"
+        pid = fs.call("saver.save_gens", str(path), 0, 1)
+        assert fs.reap(pid) == 0
         assert saver.check(str(path)) == 1
         gen = 1
         interrupted = 0
         aborts0 = stats(mnt).get("aborts", 0)
         for _ in range(TRIALS[sig]):
-            pid = int(fs.ask(f"save {path} {gen} 40").split()[1])
+            pid = fs.call("saver.save_gens", str(path), gen, 40)
             time.sleep(rng.uniform(0.0, 0.35))
             os.kill(pid, sig)
-            status = int(fs.ask(f"reap {pid}").split()[1])
+            status = fs.reap(pid)
             if os.WIFSIGNALED(status) or os.WEXITSTATUS(status) != 0:
                 interrupted += 1
             got = saver.check(str(path))  # loads bit-exact or raises
@@ -76,16 +60,16 @@ def test_killed_writer_leaves_old_or_new(mnt: Mount, sig: int) -> None:
 def test_keyboard_interrupt_partial_torch_zip_refused(mnt: Mount) -> None:
     """Ctrl-C inside torch.save closes normally after a partial write: refused, old kept."""
     path = mnt.path / "m.pt"
-    fs = ForkServer()
+    fs = ForkServer("saver")
     try:
-        pid = int(fs.ask(f"save {path} 0 1").split()[1])
-        fs.ask(f"reap {pid}")
+        pid = fs.call("saver.save_gens", str(path), 0, 1)
+        fs.reap(pid)
         prev = 1
         for i in range(15):
-            pid = int(fs.ask(f"save {path} {i + 1} 1").split()[1])
+            pid = fs.call("saver.save_gens", str(path), i + 1, 1)
             time.sleep(0.005 + 0.003 * i)
             os.kill(pid, signal.SIGINT)
-            fs.ask(f"reap {pid}")
+            fs.reap(pid)
             g = saver.check(str(path))
             assert g in (prev, i + 2)
             prev = g
