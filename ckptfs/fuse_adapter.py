@@ -6,15 +6,18 @@ arguments, adds the calling process (uid, gid, pid) and forwards.
 
 from __future__ import annotations
 
+import ctypes
 import ctypes.util
 import errno
 import logging
 import os
 import sys
+import threading
 import time
 from typing import Any
 
 from .fs import Caller, CkptFS
+from .pagecache import PageCachePolicy
 
 log = logging.getLogger("ckptfs.fuse")
 
@@ -44,6 +47,8 @@ def load_mfusepy() -> Any:
 
 def make_operations(mfusepy: Any, fs: CkptFS) -> Any:
     """Build the mfusepy Operations object for ``fs``."""
+
+    pages = PageCachePolicy(fs)  # keep_cache decisions (pagecache.py)
 
     def caller() -> Caller:
         uid, gid, pid = mfusepy.fuse_get_context()
@@ -81,13 +86,22 @@ def make_operations(mfusepy: Any, fs: CkptFS) -> Any:
 
         def create(self, path: str, mode: int, fi: Any = None) -> int:
             flags = fi if isinstance(fi, int) else os.O_WRONLY
-            return fs.create(path, mode, flags, caller())
+            fh = fs.create(path, mode, flags, caller())
+            pages.decide(fh)  # a writer: the path's cached pages are no longer known clean
+            return fh
 
         def open(self, path: str, flags: int) -> int:
             return fs.open(path, flags, caller())
 
+        def open_keep_cache(self, fh: int) -> bool:
+            """Whether the open that returned ``fh`` may keep the kernel's cached pages."""
+            return pages.decide(fh)
+
         def read(self, path: str | None, size: int, offset: int, fh: int) -> bytes:
             return fs.read(fh, size, offset)
+
+        def read_into(self, buf: memoryview, offset: int, fh: int) -> int:
+            return fs.read_into(fh, buf, offset)
 
         def write(self, path: str | None, data: bytes, offset: int, fh: int) -> int:
             return fs.write(fh, data, offset, caller())
@@ -118,14 +132,20 @@ def make_operations(mfusepy: Any, fs: CkptFS) -> Any:
 
         def rmdir(self, path: str) -> int:
             fs.rmdir(path)
+            pages.forget(path)
             return 0
 
         def unlink(self, path: str) -> int:
             fs.unlink(path, caller())
+            pages.forget(path)
             return 0
 
         def rename(self, old: str, new: str, flags: int = 0) -> int:
-            fs.rename(old, new, flags, caller())
+            pages.forget(old, new)  # before and after: no open in between keeps a moved node's pages
+            try:
+                fs.rename(old, new, flags, caller())
+            finally:
+                pages.forget(old, new)
             return 0
 
         def symlink(self, target: str, source: str) -> int:
@@ -169,6 +189,19 @@ def make_fuse_class(mfusepy: Any) -> type:
     """mfusepy.FUSE with the libfuse3 arguments it drops passed through."""
 
     class FUSE(mfusepy.FUSE):
+        def open(self, path: bytes, fip: Any) -> int:
+            """open, answering keep_cache when the kernel's pages are known identical (pagecache.py)."""
+            fi = fip.contents
+            fh = self.operations.open(path.decode(self.encoding, self.errors), fi.flags)
+            fi.fh = fh
+            fi.keep_cache = 1 if self.operations.open_keep_cache(fh) else 0
+            return 0
+
+        def read(self, path: bytes | None, buf: Any, size: int, offset: int, fip: Any) -> int:
+            """read into libfuse's reply buffer directly (mfusepy would build bytes and memmove them)."""
+            view = memoryview((ctypes.c_char * size).from_address(ctypes.addressof(buf.contents))).cast("B")
+            return self.operations.read_into(view, offset, fip.contents.fh)
+
         def rename_fuse_3(self, old: bytes, new: bytes, flags: int) -> int:
             return self.operations.rename(old.decode(self.encoding, self.errors),
                                           new.decode(self.encoding, self.errors), flags)
@@ -200,6 +233,40 @@ def _ts(ts: Any) -> int | None:
     return ts.tv_sec * 10**9 + ts.tv_nsec
 
 
+READ_AHEAD_KB = 4096  # 4 MiB: the kernel's FUSE default is 128 KiB (32 pages), i.e. 8192 requests per GiB
+
+
+def raise_readahead(mountpoint: str, kb: int, timeout: float = 30.0) -> None:
+    """Set the mount's read_ahead_kb (sysfs bdi of the FUSE connection), once mounted.
+
+    libfuse cannot raise readahead above the kernel's 128 KiB proposal at INIT;
+    root can afterwards, through /sys/class/bdi/MAJ:MIN/read_ahead_kb.  Runs in
+    a thread: waits until ``mountpoint`` shows another device (a stat of the new
+    mount returns only after INIT was answered, so the kernel's INIT clamp is
+    behind us).  Best effort: without permission the default stays (logged).
+    """
+    try:
+        before = os.stat(mountpoint).st_dev
+    except OSError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        try:
+            dev = os.stat(mountpoint).st_dev
+        except OSError:
+            continue
+        if dev != before:
+            path = f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb"
+            try:
+                with open(path, "w") as f:
+                    f.write(str(kb))
+                log.info("read_ahead_kb=%d (%s)", kb, path)
+            except OSError as e:
+                log.info("read_ahead_kb left at the kernel default (%s: %s)", path, e)
+            return
+
+
 def serve(fs: CkptFS, mountpoint: str, *, allow_other: bool = False, debug: bool = False) -> None:
     """Mount ``fs`` at ``mountpoint`` and serve until unmounted (foreground)."""
     mfusepy = load_mfusepy()
@@ -216,6 +283,10 @@ def serve(fs: CkptFS, mountpoint: str, *, allow_other: bool = False, debug: bool
         opts["allow_other"] = True
     if debug:
         opts["debug"] = True
+    ra_kb = int(os.environ.get("CKPTFS_READ_AHEAD_KB", READ_AHEAD_KB))
+    if ra_kb > 0 and sys.platform.startswith("linux"):
+        threading.Thread(target=raise_readahead, args=(mountpoint, ra_kb), name="ckptfs-readahead",
+                         daemon=True).start()
     try:
         fuse_cls(make_operations(mfusepy, fs), mountpoint, **opts)
     except RuntimeError as e:
