@@ -218,6 +218,7 @@ class Integrity:
         rec = self.fs.records.get(path)
         if rec is None:
             return fd, None  # untracked: written without ckptfs
+        self.store.readahead_hint(fd)
         try:
             st = self.store.fstat(fd)
         except BaseException:
