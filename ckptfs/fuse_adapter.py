@@ -236,19 +236,16 @@ def _ts(ts: Any) -> int | None:
 READ_AHEAD_KB = 4096  # 4 MiB: the kernel's FUSE default is 128 KiB (32 pages), i.e. 8192 requests per GiB
 
 
-def raise_readahead(mountpoint: str, kb: int, timeout: float = 30.0) -> None:
+def raise_readahead(mountpoint: str, before: int, kb: int, timeout: float = 30.0) -> None:
     """Set the mount's read_ahead_kb (sysfs bdi of the FUSE connection), once mounted.
 
     libfuse cannot raise readahead above the kernel's 128 KiB proposal at INIT;
     root can afterwards, through /sys/class/bdi/MAJ:MIN/read_ahead_kb.  Runs in
-    a thread: waits until ``mountpoint`` shows another device (a stat of the new
-    mount returns only after INIT was answered, so the kernel's INIT clamp is
-    behind us).  Best effort: without permission the default stays (logged).
+    a thread: waits until ``mountpoint`` shows another device than ``before``
+    (its device, taken before mounting; a stat of the new mount returns only
+    after INIT was answered, so the kernel's INIT clamp is behind us).  Best
+    effort: without permission the default stays (logged).
     """
-    try:
-        before = os.stat(mountpoint).st_dev
-    except OSError:
-        return
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         time.sleep(0.05)
@@ -285,8 +282,13 @@ def serve(fs: CkptFS, mountpoint: str, *, allow_other: bool = False, debug: bool
         opts["debug"] = True
     ra_kb = int(os.environ.get("CKPTFS_READ_AHEAD_KB", READ_AHEAD_KB))
     if ra_kb > 0 and sys.platform.startswith("linux"):
-        threading.Thread(target=raise_readahead, args=(mountpoint, ra_kb), name="ckptfs-readahead",
-                         daemon=True).start()
+        try:
+            before = os.stat(mountpoint).st_dev  # not mounted yet: the covered directory's device
+        except OSError:
+            before = None
+        if before is not None:
+            threading.Thread(target=raise_readahead, args=(mountpoint, before, ra_kb), name="ckptfs-readahead",
+                             daemon=True).start()
     try:
         fuse_cls(make_operations(mfusepy, fs), mountpoint, **opts)
     except RuntimeError as e:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
+import pytest
 import torch
 from conftest import Mount
 
@@ -74,3 +76,19 @@ def test_keep_cache_never_serves_stale_pages(tmp_path: Path) -> None:
         assert read_all(d / "m.pt") == good
         assert kept(d) == n
         assert torch.equal(torch.load(d / "m.pt")["w"], torch.arange(300_000))
+
+
+def test_mount_raises_readahead(tmp_path: Path) -> None:
+    """The mount's bdi gets read_ahead_kb = 4096 (1 MiB read requests, not 128 KiB), also when the
+    helper thread starts only after the mount is up."""
+    if os.geteuid() != 0:
+        pytest.skip("sysfs read_ahead_kb needs root")
+    d = tmp_path / "mnt"
+    d.mkdir()
+    with Mount(d):
+        dev = os.stat(d).st_dev
+        f = Path(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb")
+        deadline = time.monotonic() + 10
+        while f.read_text().strip() != "4096" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert f.read_text().strip() == "4096"
