@@ -11,6 +11,7 @@ import ctypes.util
 import errno
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -236,32 +237,61 @@ def _ts(ts: Any) -> int | None:
 READ_AHEAD_KB = 4096  # 4 MiB: the kernel's FUSE default is 128 KiB (32 pages), i.e. 8192 requests per GiB
 
 
-def raise_readahead(mountpoint: str, before: int, kb: int, timeout: float = 30.0) -> None:
-    """Set the mount's read_ahead_kb (sysfs bdi of the FUSE connection), once mounted.
+def _fuse_devs_at(target: str) -> list[str]:
+    """MAJ:MIN of the FUSE mounts at ``target``, oldest first, from /proc/self/mountinfo.
+
+    Never touches the mount itself: a daemon must not send requests to its own
+    mount (a request in flight when the daemon is killed can never be answered,
+    and the thread waiting for it keeps the process from exiting)."""
+    out = []
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                fields = line.split()
+                try:
+                    fstype = fields[fields.index("-") + 1]
+                except (ValueError, IndexError):
+                    continue
+                mnt = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+                if mnt == target and fstype.startswith("fuse"):
+                    out.append(fields[2])
+    except OSError:
+        pass
+    return out
+
+
+def raise_readahead(target: str, before: list[str], kb: int, timeout: float = 30.0) -> None:
+    """Set the new mount's read_ahead_kb (sysfs bdi of the FUSE connection).
 
     libfuse cannot raise readahead above the kernel's 128 KiB proposal at INIT;
     root can afterwards, through /sys/class/bdi/MAJ:MIN/read_ahead_kb.  Runs in
-    a thread: waits until ``mountpoint`` shows another device than ``before``
-    (its device, taken before mounting; a stat of the new mount returns only
-    after INIT was answered, so the kernel's INIT clamp is behind us).  Best
-    effort: without permission the default stays (logged).
+    a thread: waits for a FUSE mount at ``target`` (the mountpoint's real path,
+    taken before mounting) that was not there before (``before``), writes the
+    value, and rewrites it once the kernel has processed the INIT reply (which
+    clamps readahead to the INIT value).  Best effort: without permission the
+    default stays (logged).  Never sends a request to the mount.
     """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         time.sleep(0.05)
-        try:
-            dev = os.stat(mountpoint).st_dev
-        except OSError:
+        new = [d for d in _fuse_devs_at(target) if d not in before]
+        if not new:
             continue
-        if dev != before:
-            path = f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb"
+        path = f"/sys/class/bdi/{new[-1]}/read_ahead_kb"
+        for _ in range(5):
             try:
                 with open(path, "w") as f:
                     f.write(str(kb))
-                log.info("read_ahead_kb=%d (%s)", kb, path)
-            except OSError as e:
+                time.sleep(0.5)
+                with open(path) as f:
+                    if int(f.read().strip() or 0) == kb:
+                        log.info("read_ahead_kb=%d (%s)", kb, path)
+                        return
+            except (OSError, ValueError) as e:
                 log.info("read_ahead_kb left at the kernel default (%s: %s)", path, e)
-            return
+                return
+        log.info("read_ahead_kb: kernel kept resetting %s", path)
+        return
 
 
 def serve(fs: CkptFS, mountpoint: str, *, allow_other: bool = False, debug: bool = False) -> None:
@@ -282,13 +312,9 @@ def serve(fs: CkptFS, mountpoint: str, *, allow_other: bool = False, debug: bool
         opts["debug"] = True
     ra_kb = int(os.environ.get("CKPTFS_READ_AHEAD_KB", READ_AHEAD_KB))
     if ra_kb > 0 and sys.platform.startswith("linux"):
-        try:
-            before = os.stat(mountpoint).st_dev  # not mounted yet: the covered directory's device
-        except OSError:
-            before = None
-        if before is not None:
-            threading.Thread(target=raise_readahead, args=(mountpoint, before, ra_kb), name="ckptfs-readahead",
-                             daemon=True).start()
+        target = os.path.realpath(mountpoint)  # before mounting: no request to our own mount
+        threading.Thread(target=raise_readahead, args=(target, _fuse_devs_at(target), ra_kb),
+                         name="ckptfs-readahead", daemon=True).start()
     try:
         fuse_cls(make_operations(mfusepy, fs), mountpoint, **opts)
     except RuntimeError as e:
