@@ -452,6 +452,14 @@ class CkptFS(GroupOps):
         assert h.fd is not None
         return self.integrity.read(h.fd, size, offset)  # verified chunks only
 
+    def read_into(self, fh: int, buf: memoryview, offset: int) -> int:
+        """``read`` straight into the caller's buffer (the FUSE reply buffer); the count."""
+        h = self._handle(fh)
+        if h.version is not None:
+            return self.store.preadinto(h.version.fd, buf, offset)
+        assert h.fd is not None
+        return self.integrity.read_into(h.fd, buf, offset)  # verified chunks only
+
     def write(self, fh: int, data: bytes, offset: int, caller: Caller = NOBODY) -> int:
         h = self._handle(fh)
         if not h.writable:

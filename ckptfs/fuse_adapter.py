@@ -6,15 +6,19 @@ arguments, adds the calling process (uid, gid, pid) and forwards.
 
 from __future__ import annotations
 
+import ctypes
 import ctypes.util
 import errno
 import logging
 import os
+import re
 import sys
+import threading
 import time
 from typing import Any
 
 from .fs import Caller, CkptFS
+from .pagecache import PageCachePolicy
 
 log = logging.getLogger("ckptfs.fuse")
 
@@ -44,6 +48,8 @@ def load_mfusepy() -> Any:
 
 def make_operations(mfusepy: Any, fs: CkptFS) -> Any:
     """Build the mfusepy Operations object for ``fs``."""
+
+    pages = PageCachePolicy(fs)  # keep_cache decisions (pagecache.py)
 
     def caller() -> Caller:
         uid, gid, pid = mfusepy.fuse_get_context()
@@ -86,13 +92,22 @@ def make_operations(mfusepy: Any, fs: CkptFS) -> Any:
 
         def create(self, path: str, mode: int, fi: Any = None) -> int:
             flags = fi if isinstance(fi, int) else os.O_WRONLY
-            return fs.create(path, mode, flags, caller())
+            fh = fs.create(path, mode, flags, caller())
+            pages.decide(fh)  # a writer: the path's cached pages are no longer known clean
+            return fh
 
         def open(self, path: str, flags: int) -> int:
             return fs.open(path, flags, caller())
 
+        def open_keep_cache(self, fh: int) -> bool:
+            """Whether the open that returned ``fh`` may keep the kernel's cached pages."""
+            return pages.decide(fh)
+
         def read(self, path: str | None, size: int, offset: int, fh: int) -> bytes:
             return fs.read(fh, size, offset)
+
+        def read_into(self, buf: memoryview, offset: int, fh: int) -> int:
+            return fs.read_into(fh, buf, offset)
 
         def write(self, path: str | None, data: bytes, offset: int, fh: int) -> int:
             return fs.write(fh, data, offset, caller())
@@ -123,14 +138,20 @@ def make_operations(mfusepy: Any, fs: CkptFS) -> Any:
 
         def rmdir(self, path: str) -> int:
             fs.rmdir(path)
+            pages.forget(path)
             return 0
 
         def unlink(self, path: str) -> int:
             fs.unlink(path, caller())
+            pages.forget(path)
             return 0
 
         def rename(self, old: str, new: str, flags: int = 0) -> int:
-            fs.rename(old, new, flags, caller())
+            pages.forget(old, new)  # before and after: no open in between keeps a moved node's pages
+            try:
+                fs.rename(old, new, flags, caller())
+            finally:
+                pages.forget(old, new)
             return 0
 
         def symlink(self, target: str, source: str) -> int:
@@ -174,6 +195,19 @@ def make_fuse_class(mfusepy: Any) -> type:
     """mfusepy.FUSE with the libfuse3 arguments it drops passed through."""
 
     class FUSE(mfusepy.FUSE):
+        def open(self, path: bytes, fip: Any) -> int:
+            """open, answering keep_cache when the kernel's pages are known identical (pagecache.py)."""
+            fi = fip.contents
+            fh = self.operations.open(path.decode(self.encoding, self.errors), fi.flags)
+            fi.fh = fh
+            fi.keep_cache = 1 if self.operations.open_keep_cache(fh) else 0
+            return 0
+
+        def read(self, path: bytes | None, buf: Any, size: int, offset: int, fip: Any) -> int:
+            """read into libfuse's reply buffer directly (mfusepy would build bytes and memmove them)."""
+            view = memoryview((ctypes.c_char * size).from_address(ctypes.addressof(buf.contents))).cast("B")
+            return self.operations.read_into(view, offset, fip.contents.fh)
+
         def rename_fuse_3(self, old: bytes, new: bytes, flags: int) -> int:
             return self.operations.rename(old.decode(self.encoding, self.errors),
                                           new.decode(self.encoding, self.errors), flags)
@@ -205,6 +239,66 @@ def _ts(ts: Any) -> int | None:
     return ts.tv_sec * 10**9 + ts.tv_nsec
 
 
+READ_AHEAD_KB = 4096  # 4 MiB: the kernel's FUSE default is 128 KiB (32 pages), i.e. 8192 requests per GiB
+
+
+def _fuse_devs_at(target: str) -> list[str]:
+    """MAJ:MIN of the FUSE mounts at ``target``, oldest first, from /proc/self/mountinfo.
+
+    Never touches the mount itself: a daemon must not send requests to its own
+    mount (a request in flight when the daemon is killed can never be answered,
+    and the thread waiting for it keeps the process from exiting)."""
+    out = []
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                fields = line.split()
+                try:
+                    fstype = fields[fields.index("-") + 1]
+                except (ValueError, IndexError):
+                    continue
+                mnt = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+                if mnt == target and fstype.startswith("fuse"):
+                    out.append(fields[2])
+    except OSError:
+        pass
+    return out
+
+
+def raise_readahead(target: str, before: list[str], kb: int, timeout: float = 30.0) -> None:
+    """Set the new mount's read_ahead_kb (sysfs bdi of the FUSE connection).
+
+    libfuse cannot raise readahead above the kernel's 128 KiB proposal at INIT;
+    root can afterwards, through /sys/class/bdi/MAJ:MIN/read_ahead_kb.  Runs in
+    a thread: waits for a FUSE mount at ``target`` (the mountpoint's real path,
+    taken before mounting) that was not there before (``before``), writes the
+    value, and rewrites it once the kernel has processed the INIT reply (which
+    clamps readahead to the INIT value).  Best effort: without permission the
+    default stays (logged).  Never sends a request to the mount.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        new = [d for d in _fuse_devs_at(target) if d not in before]
+        if not new:
+            continue
+        path = f"/sys/class/bdi/{new[-1]}/read_ahead_kb"
+        for _ in range(5):
+            try:
+                with open(path, "w") as f:
+                    f.write(str(kb))
+                time.sleep(0.5)
+                with open(path) as f:
+                    if int(f.read().strip() or 0) == kb:
+                        log.info("read_ahead_kb=%d (%s)", kb, path)
+                        return
+            except (OSError, ValueError) as e:
+                log.info("read_ahead_kb left at the kernel default (%s: %s)", path, e)
+                return
+        log.info("read_ahead_kb: kernel kept resetting %s", path)
+        return
+
+
 def serve(fs: CkptFS, mountpoint: str, *, allow_other: bool = False, debug: bool = False) -> None:
     """Mount ``fs`` at ``mountpoint`` and serve until unmounted (foreground)."""
     mfusepy = load_mfusepy()
@@ -221,6 +315,11 @@ def serve(fs: CkptFS, mountpoint: str, *, allow_other: bool = False, debug: bool
         opts["allow_other"] = True
     if debug:
         opts["debug"] = True
+    ra_kb = int(os.environ.get("CKPTFS_READ_AHEAD_KB", READ_AHEAD_KB))
+    if ra_kb > 0 and sys.platform.startswith("linux"):
+        target = os.path.realpath(mountpoint)  # before mounting: no request to our own mount
+        threading.Thread(target=raise_readahead, args=(target, _fuse_devs_at(target), ra_kb),
+                         name="ckptfs-readahead", daemon=True).start()
     try:
         fuse_cls(make_operations(mfusepy, fs), mountpoint, **opts)
     except RuntimeError as e:

@@ -80,6 +80,7 @@ class VState:
     rollback: GenEntry | None = None  # rollback policy: generation served instead
     full_checked: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
+    busy: dict[int, threading.Event] = field(default_factory=dict)  # chunks being hashed now
 
     @property
     def n_verified(self) -> int:
@@ -217,6 +218,7 @@ class Integrity:
         rec = self.fs.records.get(path)
         if rec is None:
             return fd, None  # untracked: written without ckptfs
+        self.store.readahead_hint(fd)
         try:
             st = self.store.fstat(fd)
         except BaseException:
@@ -299,9 +301,20 @@ class Integrity:
 
     def read(self, fd: int, size: int, offset: int) -> bytes:
         """pread that serves only verified bytes of a committed file."""
+        buf = bytearray(size)
+        n = self.read_into(fd, memoryview(buf), offset)
+        return bytes(buf[:n]) if n < size else bytes(buf)
+
+    def read_into(self, fd: int, buf: memoryview, offset: int) -> int:
+        """Fill ``buf`` from ``offset`` with verified bytes only; the count filled.
+
+        A chunk not yet verified is read whole, hashed once (a concurrent read
+        of the same chunk waits for that hash instead of hashing it again) and
+        its bytes are copied from the hashed buffer; verified chunks are read
+        straight into ``buf``."""
         chk = self.checks.get(fd)
         if chk is None:
-            return self.store.pread(fd, size, offset)
+            return self.store.preadinto(fd, buf, offset)
         s = chk.state
         st = self.store.fstat(fd)
         if version_key(st, s.rec) != chk.key:
@@ -314,20 +327,45 @@ class Integrity:
         if s.bad is not None:
             raise _eio(chk.path, s.bad)
         rec = s.rec
-        end = min(offset + size, rec.size)
+        end = min(offset + len(buf), rec.size)
         if offset >= end:
-            return b""
+            return 0
         cs = rec.chunk_size
-        fresh: dict[int, bytes] = {}
+        cached = True
         for i in range(offset // cs, (end - 1) // cs + 1):
-            if not s.verified[i]:
-                fresh[i] = self._hash_chunk(chk.path, fd, s, i)
-        if fresh and len(fresh) == (end - 1) // cs - offset // cs + 1:
-            first = offset // cs
-            buf = b"".join(fresh[i] for i in sorted(fresh))
-            return buf[offset - first * cs : end - first * cs]
-        self.stats["verify_cached_reads"] += 1
-        return self.store.pread(fd, end - offset, offset)
+            lo, hi = max(offset, i * cs), min(end, (i + 1) * cs)
+            data = self._ensure_chunk(chk.path, fd, s, i)
+            if data is not None:
+                cached = False
+                buf[lo - offset:hi - offset] = memoryview(data)[lo - i * cs:hi - i * cs]
+                continue
+            got = self.store.preadinto(fd, buf[lo - offset:hi - offset], lo)
+            if got < hi - lo:
+                return lo - offset + got  # shorter than committed: the next read sees the change
+        if cached:
+            self.stats["verify_cached_reads"] += 1
+        return end - offset
+
+    def _ensure_chunk(self, path: str, fd: int, s: VState, i: int) -> bytes | None:
+        """Make chunk i verified: its bytes if this call hashed it, None if it
+        already was (or another read just verified it).  EIO if corrupt."""
+        while True:
+            with s.lock:
+                if s.bad is not None:
+                    raise _eio(path, s.bad)
+                if s.verified[i]:
+                    return None
+                ev = s.busy.get(i)
+                if ev is None:
+                    ev = s.busy[i] = threading.Event()
+                    break
+            ev.wait()
+        try:
+            return self._hash_chunk(path, fd, s, i)
+        finally:
+            with s.lock:
+                s.busy.pop(i, None)
+            ev.set()
 
     def before_clone(self, fd: int | None) -> None:
         """A write clones the committed file: verify all of it first (no laundering)."""
