@@ -173,3 +173,34 @@ def test_unlink_and_rename_of_open_file(tmp_path) -> None:
     with pytest.raises(FileNotFoundError):
         fs.getattr("gone")
     fs.shutdown()
+
+
+def test_recovery_drops_inflight_install_whose_directory_is_gone(tmp_path) -> None:
+    """Model-checker finding (weak model, crash during recovery): a torn group was moved to
+    quarantine, but the power loss undid recovery's rename of its in-flight file, so the staged
+    copy is back while its directory is gone.  Recovery must drop that install, not fail."""
+    import os
+
+    from ckptfs.backing import OsBackingStore
+    from ckptfs.hashing import digest_fd
+    from ckptfs.journal import STAGING, Journal
+    from ckptfs.records import FileRecord
+    from ckptfs.recovery import recover
+
+    store = OsBackingStore(str(tmp_path))
+    j = Journal(store)
+    j.ensure_layout()
+    j.load()
+    staged = f"{STAGING}/abc"
+    fd = store.open(staged, os.O_RDWR | os.O_CREAT, 0o644)
+    store.pwrite(fd, b"x" * 100, 0)
+    whole, chunks = digest_fd(store, fd, 100)
+    ino = store.fstat(fd).st_ino
+    store.close(fd)
+    rec = FileRecord(size=100, blake3=whole, chunks=chunks, generation=1, committed_at=0.0, ino=ino)
+    j.append({"op": "install", "path": "gone_dir/x.pt", "staging": staged, "rec": rec.to_json()})
+    j.close()
+    rep = recover(store)
+    assert not rep.inflight_completed and "gone_dir/x.pt" not in rep.files
+    assert store.listdir(STAGING) == []
+    store.shutdown()
