@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 from conftest import Mount, run_py
 
+from campaigns.faultsweep import read, save  # the same direct CkptFS helpers as the sweep
 from ckptfs import META_DIR
 from ckptfs.backing import OsBackingStore
 from ckptfs.faults import FaultyStore
@@ -41,24 +42,6 @@ def shard(i: int, version: int) -> bytes:
 
 def metadata(version: int) -> bytes:
     return json.dumps({"version": version, "shards": len(SHARDS)}).encode()
-
-
-def save(fs: CkptFS, path: str, data: bytes) -> None:
-    fh = fs.open(path, os.O_WRONLY | os.O_TRUNC) if fs._lexists(path) else fs.create(path, 0o644)
-    try:
-        for off in range(0, len(data), 16384):
-            fs.write(fh, data[off:off + 16384], off)
-        fs.flush(fh)
-    finally:
-        fs.release(fh)
-
-
-def read(fs: CkptFS, path: str) -> bytes:
-    fh = fs.open(path, os.O_RDONLY)
-    try:
-        return fs.read(fh, 1 << 24, 0)
-    finally:
-        fs.release(fh)
 
 
 def save_step(fs: CkptFS, version: int) -> None:
