@@ -50,7 +50,11 @@ def test_killed_writer_leaves_old_or_new(mnt: Mount, sig: int) -> None:
         aborted = stats(mnt).get("aborts", 0) - aborts0
         # the campaign must actually hit saves in progress, or it proves nothing
         assert interrupted >= TRIALS[sig] * 0.8
-        assert aborted >= TRIALS[sig] * 0.3, f"only {aborted} saves were cut mid-write"
+        # ~35-40% of kills land mid-write (load-dependent).  With 25 trials a 30% bar failed about one
+        # run in five on correct code (7 of 25 seen); at least 4 (P < 0.5% for a 35% rate) still proves
+        # the kills hit saves in progress.  60 SIGKILL trials keep the 30% bar.
+        need = TRIALS[sig] * 0.3 if TRIALS[sig] >= 60 else 4
+        assert aborted >= need, f"only {aborted} saves were cut mid-write"
         staged = [p for p in os.listdir(mnt.path) if p != "latest.pt"]
         assert staged == []
     finally:

@@ -21,6 +21,7 @@ import importlib
 import io
 import json
 import os
+import signal
 import sys
 import traceback
 
@@ -32,6 +33,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 def _child(func: str, args: list) -> None:
     code = 0
+    # a job started in the background by a non-interactive shell inherits SIGINT ignored; the
+    # trials need Python's own handler (Ctrl-C inside torch.save -> KeyboardInterrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
