@@ -879,7 +879,7 @@ class CkptFS(GroupOps):
             if self.store.exists(path):
                 if stat.S_ISDIR(self.store.lstat(path).st_mode):
                     raise _err(errno.EISDIR)
-                g = self._deferring_group(path)
+                g = self._deleting_group(path)
                 if g is not None:
                     self._defer_delete(g, path, caller.pid)
                 else:

@@ -17,10 +17,11 @@ G6  A pointer (``latest``, ``latest_checkpointed_iteration.txt``, a symlink)
 G7  A torn group (never sealed; its writers gone) is moved out of the
     namespace into ``.ckptfs/quarantine`` by a journaled operation, so the
     path shows what it held before the group was opened: nothing.
-G9  A deletion inside a sealed group while a sibling group in the same
-    directory is still open is deferred (the rotation trap): the files move
-    into ``.ckptfs/trash/<id>`` by journaled renames; they are deleted when a
-    newer sibling seals, and put back by recovery if none did.
+G9  Deleting files of a sealed group moves them into ``.ckptfs/trash/<id>``
+    by journaled renames; the trash is deleted once the directory is removed,
+    unless a sibling group is still open (the rotation trap: then only when a
+    newer sibling seals).  A deletion abandoned half-way is finished if a newer
+    sibling is sealed and undone otherwise (live sweep and recovery).
 G8  Retention runs only after a seal, only when no group in that directory is
     open, always keeps the newest sealed group, and moves a retired group out
     of the namespace by one journaled rename before deleting it.
@@ -181,7 +182,7 @@ class GroupOps:
         pre = g.path + "/"
         files = {k[len(pre):]: r for k, r in self.records.items() if k.startswith(pre)}
         prev = self._previous_sealed(g)
-        lin = lineage(g.path, g.step, prev.path if prev else None, pid or (g.pids[0] if g.pids else 0),
+        lin = lineage(g.step, prev.path if prev else None, pid or (g.pids[0] if g.pids else 0),
                       g.created_at)
         lin["event"] = event
         manifest = build_manifest(g.id, g.path, g.rule, files, lin)
@@ -383,8 +384,9 @@ class GroupOps:
         d = parent(g.path)
         return any(s.state == OPEN and s is not g and parent(s.path) == d for s in self.groups.values())
 
-    def _deferring_group(self, path: str) -> GroupState | None:
-        """The group whose deletion of ``path`` must be deferred (G9), if any."""
+    def _deleting_group(self, path: str) -> GroupState | None:
+        """The sealed (or already being deleted) group that ``path`` belongs to: its deletion goes
+        through the group's trash (G9)."""
         parts = path.split("/")
         for i in range(1, len(parts)):
             g = self.groups.get("/".join(parts[:i]))

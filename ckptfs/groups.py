@@ -85,7 +85,7 @@ class GroupState:
         return cls(**known)
 
 
-def lineage(path: str, step: int | None, parent_group: str | None, pid: int, created_at: float) -> dict[str, Any]:
+def lineage(step: int | None, parent_group: str | None, pid: int, created_at: float) -> dict[str, Any]:
     """Where a group came from (stored in its manifest)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
