@@ -103,8 +103,9 @@ class Chain:
             crashed = self.m.proc is not None and self.m.proc.poll() is None
         else:
             crashed = self.m.wait_dead(60) == -signal.SIGKILL
-        self.m.kill()
-        self.fs.reap(pid)
+        self.m.kill(detach=False)
+        self.fs.reap(pid)  # the writer fails with ENOTCONN and exits; detached earlier, it could
+        self.m.detach()    # write to the backing directory underneath, past ckptfs
         if kind == "recovery":
             self.m.env = {"CKPTFS_CRASH_AT": "recovery_replayed"}
             try:

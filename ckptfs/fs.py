@@ -1001,6 +1001,9 @@ class CkptFS(GroupOps):
             return out
         if self._visible(path) is None and stat.S_ISDIR(self.store.lstat(path).st_mode):
             out["user.ckptfs.groups"] = self.groups_json_attr(path)
+            if self.rules.dir_rule(os.path.basename(path)) is not None and self._group_of(path) is None:
+                # named like a checkpoint but never a group: written past ckptfs (while unmounted)
+                out["user.ckptfs.status"] = "untracked"
             return out
         v = self._visible(path)
         rec = self.records.get(path)

@@ -72,12 +72,23 @@ class Mount:
         assert self.proc is not None
         return self.proc.pid
 
-    def kill(self) -> None:
-        """SIGKILL the daemon (a crash) and detach the dead mount."""
+    def kill(self, detach: bool = True) -> None:
+        """SIGKILL the daemon (a crash) and, unless ``detach`` is False, detach the dead mount.
+
+        While writers of the crashed daemon may still run, pass ``detach=False``, stop them, then
+        call :meth:`detach`: a dead mount fails every call with ENOTCONN, but once detached a path
+        lookup reaches the backing directory underneath (the in-place mount) and a still-running
+        writer would write there directly, bypassing ckptfs, as no real crash lets it.
+        """
         if self.proc and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
         if self.proc:
             self.proc.wait()
+        if detach:
+            self.detach()
+
+    def detach(self) -> None:
+        """Lazily unmount a dead mount (what an operator does before remounting)."""
         fusermount(self.path, lazy=True)
 
     def wait_dead(self, timeout: float = 30.0) -> int | None:

@@ -186,13 +186,14 @@ def test_daemon_kill_during_saves_hides_torn_groups(env: tuple[Mount, Path], ser
             b = c.wait_begins(pid, n0, rng.randint(1, 2), time.monotonic() + 120)
             c.update_window()
             time.sleep(max(0.0, b["t"] + rng.uniform(0, c.window) - time.monotonic()))
-            m.kill()  # the daemon dies mid-save; the job's file operations now fail
+            m.kill(detach=False)  # the daemon dies mid-save; the job's file operations now fail
             try:
                 os.killpg(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
             c.server.reap(pid)
             fc.wait_group_dead(pid)
+            m.detach()  # only now: detached earlier, the job could write to the directory past ckptfs
             m.start()
             fc.check_tree(m.path, fw)
             step, dg = c.resume_live()

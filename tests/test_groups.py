@@ -415,3 +415,25 @@ def test_corrupt_group_hidden_resume_falls_back(tmp_path: Path, cls: str) -> Non
         assert "model.pt" in rows[1]["reason"]
     with Mount(mp, backing=src):  # stays hidden after a remount
         assert os.listdir(mp) == ["checkpoint-1"]
+
+
+def test_checkpoint_dir_written_while_unmounted_is_untracked(tmp_path: Path) -> None:
+    """A checkpoint-named directory that never was a group (written past ckptfs) says so."""
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    with Mount(d) as m:
+        save_hf_like(m.path, 1)
+    save_hf_like(d, 2)  # unmounted: plain files, no manifest
+    (d / "checkpoint-3").mkdir()  # empty and unmounted: may still become a group
+    with Mount(d) as m:
+        assert status(m.path / "checkpoint-1") == "sealed"
+        assert status(m.path / "checkpoint-2") == "untracked"
+        assert status(m.path / "checkpoint-2" / "model.pt") == "untracked"
+        assert torch.equal(torch.load(m.path / "checkpoint-2/model.pt")["w"], torch.full((64,), 2.0))
+        torch.save({"w": torch.zeros(2)}, m.path / "checkpoint-2" / "extra.pt")
+        assert status(m.path / "checkpoint-2") == "untracked"  # legacy files: never adopted as a group
+        assert status(m.path / "checkpoint-3") == "untracked"
+        torch.save({"w": torch.ones(2)}, m.path / "checkpoint-3" / "model.pt")
+        assert status(m.path / "checkpoint-3") == "open"
+        (m.path / "checkpoint-3" / "trainer_state.json").write_text("{}")
+        assert status(m.path / "checkpoint-3") == "sealed"
