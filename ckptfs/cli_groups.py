@@ -163,10 +163,11 @@ def cmd_show(a: argparse.Namespace) -> int:
             out = json.loads(os.getxattr(p, "user.ckptfs.group"))
         except OSError:
             raise GroupCliError(f"{p}: not a checkpoint group") from None
-        try:
-            out["lineage"] = json.loads(os.getxattr(p, "user.ckptfs.lineage"))
-        except OSError:
-            pass
+        for key in ("lineage", "manifest_files"):
+            try:
+                out[key] = json.loads(os.getxattr(p, f"user.ckptfs.{key}"))
+            except OSError:
+                pass
     else:
         g = _group_at(w)
         out = g.to_json()

@@ -49,6 +49,7 @@ log = logging.getLogger("ckptfs")
 
 ENODATA = getattr(errno, "ENODATA", getattr(errno, "ENOATTR", 61))
 XATTR_PREFIX = "user.ckptfs."
+XATTR_VALUE_MAX = 60000  # Linux caps an xattr value at 64 KiB
 CONTROL_SEAL = "user.ckptfs.seal"  # setfattr on a directory: seal it as a group now
 CONTROL_GC = "user.ckptfs.gc"  # setfattr on the root: delete quarantined groups
 COMPACT_EVERY = int(os.environ.get("CKPTFS_COMPACT_EVERY", "4096"))
@@ -883,6 +884,7 @@ class CkptFS(GroupOps):
                 if g is not None:
                     self._defer_delete(g, path, caller.pid)
                 else:
+                    self._note_group_unlink(path)
                     self._ns_op({"op": "unlink", "path": path}, lambda: self.store.unlink(path), [parent(path)])
             elif v is None:
                 raise _err(errno.ENOENT)
@@ -922,6 +924,7 @@ class CkptFS(GroupOps):
             is_dir = on_disk and stat.S_ISDIR(self.store.lstat(old).st_mode)
             if on_disk:
                 dirs = [parent(new), parent(old)]
+                self._note_group_rename(old, new)
                 self._ns_op({"op": "rename", "src": old, "dst": new},
                             lambda: self.store.rename(old, new), dirs)
                 self._groups_renamed(old, new)
@@ -995,7 +998,11 @@ class CkptFS(GroupOps):
             out["user.ckptfs.group"] = json.dumps(self.group_summary(g), sort_keys=True)
             if g.state == SEALED:
                 try:
-                    out["user.ckptfs.lineage"] = json.dumps(read_seal(self.store, g.id)[0].get("lineage"))
+                    manifest = read_seal(self.store, g.id)[0]
+                    out["user.ckptfs.lineage"] = json.dumps(manifest.get("lineage"))
+                    names = json.dumps(sorted(manifest["files"]))
+                    if len(names) < XATTR_VALUE_MAX:  # else: `ckptfs show` on the unmounted directory
+                        out["user.ckptfs.manifest_files"] = names
                 except (SealError, OSError) as e:
                     out["user.ckptfs.error"] = f"seal unreadable: {e}"
             return out

@@ -25,6 +25,12 @@ G9  Deleting files of a sealed group moves them into ``.ckptfs/trash/<id>``
 G8  Retention runs only after a seal, only when no group in that directory is
     open, always keeps the newest sealed group, and moves a retired group out
     of the namespace by one journaled rename before deleting it.
+G10 A sealed group reopened only by *new* files (``late``) is resealed, with
+    them, as soon as nothing in it is being written; its sealed files were not
+    touched, so neither a killed late writer nor a crash makes it torn (the
+    late file is dropped, or recovery reseals over the committed records).  A
+    rewrite of a sealed file reopens it for good: it needs its completion
+    event again and is torn if it never comes.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ from .rules import Rule, parent_and_base, step_of
 log = logging.getLogger("ckptfs.groups")
 
 EXPLICIT = Rule("explicit", idle_seal=False)
+LATE = "file added after the seal:"
 
 
 def _err(code: int, msg: str = "") -> OSError:
@@ -144,20 +151,52 @@ class GroupOps:
             crule = self.rules.content_rule(os.path.basename(path))
             if crule is not None and crule.has_completion_event and not crule.idle_seal:
                 g.rule = crule.name  # e.g. DCP shards in a step_N dir: wait for .metadata, never idle-seal
-        if g.state == SEALED:
+        if g.state == SEALED or (g.late and path in self.records):
             with self.commit_lock:
-                if g.state == SEALED:
-                    log.info("group %s reopened by a write to %s", g.path, path)
-                    self.journal.append({"op": "group_open", "path": g.path, "rule": g.rule, "id": g.id,
-                                         "time": time.time(), "step": g.step}, sync=False)
-                    g.state = OPEN
-                    g.pids = []
+                self._reopen(g, path, replaces=path in self.records)
         if pid:
             t = procinfo.tgid(pid)
             if t not in g.pids:
                 g.pids.append(t)
         g.last_activity = time.time()
         g.written = True
+
+    def _reopen(self, g: GroupState, path: str, replaces: bool) -> None:
+        """G10: a change at ``path`` inside g after its seal (commit_lock held).  ``replaces``: it
+        replaces or removes a file g holds (a re-save), else it only adds one (HF's rng_state.pth
+        after trainer_state.json in older transformers; a note someone adds)."""
+        if g.state == SEALED:
+            late = not replaces
+            log.info("group %s reopened by %s %s", g.path, "a file added at" if late else "a change of", path)
+        elif g.state == OPEN and g.late and replaces:
+            late = False
+        else:
+            return
+        self.journal.append({"op": "group_open", "path": g.path, "rule": g.rule, "id": g.id,
+                             "time": time.time(), "step": g.step, "late": late}, sync=False)
+        if g.state == SEALED:
+            g.pids = []
+        g.state, g.late = OPEN, late
+        if late:
+            g.seal_requested = f"{LATE} {path}"  # reseals once nothing in it is being written
+        elif g.seal_requested.startswith(LATE):
+            g.seal_requested = ""
+
+    def _note_group_rename(self, old: str, new: str) -> None:
+        """A rename from/into a group (commit_lock held, before it is journaled): renaming onto a file
+        the group holds, or out of the group, is a change; into a new name an addition (G10)."""
+        go, gn = self._group_of(old), self._group_of(new)
+        if gn is not None:
+            self._reopen(gn, new, replaces=new in self.records or go is not gn)
+        if go is not None and go is not gn:
+            self._reopen(go, old, replaces=True)
+
+    def _note_group_unlink(self, path: str) -> None:
+        """An unlink inside a late-reopened group (commit_lock held): a sealed group's deletions go
+        through its trash (G9); a late group's stops being late if a file it holds goes."""
+        g = self._group_of(path)
+        if g is not None and g.state == OPEN and g.late and path in self.records:
+            self._reopen(g, path, replaces=True)
 
     def _note_group_mkdir(self, path: str, pid: int) -> None:
         """A directory was created (commit_lock held): it opens a group if a rule names it."""
@@ -193,7 +232,7 @@ class GroupOps:
         self.journal.append({"op": "group_seal", "path": g.path, "manifest": digest, "time": now,
                              "files": len(files), "bytes": nbytes})
         g.state, g.manifest_blake3, g.sealed_at = SEALED, digest, now
-        g.files, g.bytes, g.seal_requested = len(files), nbytes, ""
+        g.files, g.bytes, g.seal_requested, g.late = len(files), nbytes, "", False
         self.stats["groups_sealed"] += 1
         log.info("sealed group %s (%d files, %d bytes) on %s", g.path, len(files), nbytes, event)
         self._purge_trashed(parent(g.path), g)
@@ -220,10 +259,16 @@ class GroupOps:
             return
         g.last_activity = time.time()
         d, base = parent_and_base(path)
-        if d == g.path and base in self._rule_of(g).markers:
+        if d == g.path and base in self._rule_of(g).markers and not self._marked_unfinished(g):
             self._seal_group(g, f"marker {base}")
         elif g.seal_requested:
             self._seal_group(g, g.seal_requested)
+
+    def _marked_unfinished(self, g: GroupState) -> bool:
+        """NeMo: while ``<group>-unfinished`` exists the framework itself says the save is not done,
+        so an inner marker (DCP's ``.metadata``, followed by ``metadata.json``) does not seal."""
+        suffix = self._rule_of(g).unfinished_suffix
+        return bool(suffix) and self._lexists(g.path + suffix)
 
     def _seal_named_by_pointer(self, pointer_path: str, content: bytes) -> None:
         """G6: seal the open group(s) a pointer names before the pointer is committed."""
@@ -374,7 +419,9 @@ class GroupOps:
         idle sealing, quarantine the rest as torn (so the unmounted directory shows only
         sealed groups).  Caller holds commit_lock; no file is open."""
         for g in [g for g in self.groups.values() if g.state == OPEN]:
-            if self._rule_of(g).idle_seal and not g.reason.startswith("writer killed") and self._has_files(g):
+            if g.late:
+                self._seal_group(g, "unmount (files added after the seal)")
+            elif self._rule_of(g).idle_seal and not g.reason.startswith("writer killed") and self._has_files(g):
                 self._seal_group(g, "unmount (idle)")
             else:
                 self._quarantine(g, TORN, g.reason or "not sealed when the filesystem was unmounted")
@@ -559,7 +606,7 @@ class GroupOps:
         g = self._group_of(new)
         if g is not None and g.state == OPEN:
             d, base = parent_and_base(new)
-            if d == g.path and base in self._rule_of(g).markers:
+            if d == g.path and base in self._rule_of(g).markers and not self._marked_unfinished(g):
                 self._seal_group(g, f"marker {base} renamed into place", pid)  # DCP's .metadata
             elif g.seal_requested:
                 self._seal_group(g, g.seal_requested)

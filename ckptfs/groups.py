@@ -68,6 +68,7 @@ class GroupState:
     files: int = 0
     bytes: int = 0
     step: int | None = None
+    late: bool = False  # reopened only by files added after its seal: its sealed files are untouched
     seal_requested: str = ""  # a completion event seen while files were still open (live only)
     last_activity: float = 0.0  # live only
     corrupt: str = ""  # a file failed verification; quarantined by the next sweep (live only)

@@ -39,7 +39,21 @@ from dataclasses import dataclass, field
 from . import META_DIR, crashpoints
 from .backing import BackingStore
 from .generations import GenEntry, apply_gen_entry, link_for_recovery, reconcile
-from .groups import CORRUPT, OPEN, QUARANTINE, SEALED, TORN, TRASH, TRASHED, GroupState, SealError, read_seal
+from .groups import (
+    CORRUPT,
+    OPEN,
+    QUARANTINE,
+    SEALED,
+    TORN,
+    TRASH,
+    TRASHED,
+    GroupState,
+    SealError,
+    build_manifest,
+    lineage,
+    read_seal,
+    write_seal,
+)
 from .hashing import digest_fd
 from .journal import SNAPSHOT, STAGING, Journal, read_whole
 from .metadata import load_trusted
@@ -84,6 +98,10 @@ def apply_entry(files: dict[str, FileRecord], e: dict, groups: dict[str, GroupSt
 def apply_group_entry(files: dict[str, FileRecord], groups: dict[str, GroupState], e: dict) -> None:
     op = e["op"]
     if op == "group_open":
+        prev = groups.get(e["path"])
+        if prev is not None and prev.id and prev.id == e.get("id") and prev.state in (OPEN, SEALED):
+            prev.state, prev.late = OPEN, bool(e.get("late", False))  # reopened after its seal (G10)
+            return
         groups[e["path"]] = GroupState(path=e["path"], rule=e["rule"], id=e.get("id", ""), state=OPEN,
                                        created_at=float(e.get("time", 0)), step=e.get("step"))
     elif op == "group_seal":
@@ -193,6 +211,9 @@ def settle_groups(store: BackingStore, files: dict[str, FileRecord], groups: dic
                 else:
                     del groups[path]
                 continue
+            if g.late:  # only files added after its seal: they are committed, reseal with them (G10)
+                notes.append(_reseal(store, files, g))
+                continue
             state, reason = TORN, "not sealed before the crash (no COMMIT)"
         else:
             if not store.exists(path):
@@ -214,6 +235,19 @@ def settle_groups(store: BackingStore, files: dict[str, FileRecord], groups: dic
             if f"{TRASH}/{name}" not in keep:
                 rmtree(store, f"{TRASH}/{name}")
     return notes
+
+
+def _reseal(store: BackingStore, files: dict[str, FileRecord], g: GroupState) -> str:
+    """Seal a late-reopened group over its committed records (what the live reseal would write)."""
+    pre = g.path + "/"
+    members = {k[len(pre):]: r for k, r in files.items() if k.startswith(pre)}
+    lin = lineage(g.step, None, 0, g.created_at)
+    lin["event"] = "recovery: files added after the seal"
+    g.manifest_blake3 = write_seal(store, g.id, build_manifest(g.id, g.path, g.rule, members, lin))
+    g.state, g.late, g.sealed_at = SEALED, False, time.time()
+    g.files, g.bytes = len(members), sum(r.size for r in members.values())
+    log.warning("group %s resealed by recovery (%d files; files were added after its seal)", g.path, g.files)
+    return f"{g.path}: resealed with the {g.files} committed files (files were added after its seal)"
 
 
 def _settle_trashed(store: BackingStore, files: dict[str, FileRecord], groups: dict[str, GroupState]) -> list[str]:

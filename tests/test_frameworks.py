@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -76,6 +77,8 @@ def expected_layout(fw: fc.Framework, d: Path, last_step: int) -> None:
     elif fw.name == "deepspeed":
         assert (d / "latest").read_text() == f"global_step{last_step}"
         assert names == sorted(["latest", f"global_step{last_step - s}", f"global_step{last_step}"]), names
+    elif fw.name == "nemo":  # top-k 2; no marker left behind
+        assert names == sorted([f"model--step={last_step - s}", f"model--step={last_step}"]), names
     elif fw.name == "safetensors":
         assert names == ["model.safetensors"], names
 
@@ -91,6 +94,9 @@ def test_round_trip(env: tuple[Mount, Path], servers, name: str) -> None:  # noq
         recs = c.recs()
         assert [r["step"] for r in recs if r["ev"] == "end"] == [fw.save_every * i for i in (1, 2, 3)]
         expected_layout(fw, c.dir, last)
+        if name == "nemo":  # sealed when NeMo removed its marker, not at the inner .metadata
+            ev = json.loads(os.getxattr(c.dir / f"model--step={last}", "user.ckptfs.lineage"))["event"]
+            assert ev.startswith("unfinished marker") and ev.endswith(f"model--step={last}-unfinished removed"), ev
         for when in ("live", "remounted"):
             step, dg = c.resume_live()
             assert step == last, when

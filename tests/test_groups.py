@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import Mount, _env
+from conftest import Mount, _env, run_py
 
 from ckptfs import META_DIR
 from ckptfs.journal import decode_frames
@@ -437,3 +437,111 @@ def test_checkpoint_dir_written_while_unmounted_is_untracked(tmp_path: Path) -> 
         assert status(m.path / "checkpoint-3") == "open"
         (m.path / "checkpoint-3" / "trainer_state.json").write_text("{}")
         assert status(m.path / "checkpoint-3") == "sealed"
+
+
+LATE_WRITER = """
+import os, sys, time
+f = open(sys.argv[1], "wb")
+f.write(b"x" * (1 << 20))
+f.flush()
+print("writing", flush=True)
+time.sleep(60)
+"""
+
+
+def manifest_files(m: Mount, g: Path) -> list[str]:
+    return sorted(json.loads(cli("show", str(g)).stdout)["manifest_files"])
+
+
+def test_file_added_after_seal_reseals_the_group(mnt: Mount) -> None:
+    """G10: older transformers write rng_state.pth after trainer_state.json; a file added to a sealed
+    group must not make it torn when the writer exits: the group is resealed with it."""
+    d = mnt.path
+    save_hf_like(d, 1)
+    g = d / "checkpoint-1"
+    run_py(f"import torch; torch.save({{'rng': 1}}, {str(g / 'rng_state.pth')!r})")
+    assert status(g) == "sealed"
+    assert manifest_files(mnt, g) == ["model.pt", "optimizer.pt", "rng_state.pth", "trainer_state.json"]
+    time.sleep(1.5)  # the housekeeper's torn sweep runs every second: the writer is gone
+    assert status(g) == "sealed"
+    mnt.remount()
+    assert status(g) == "sealed" and "verified 1 groups, 4 files: OK" in cli("verify", str(g)).stdout
+    # a late file written by tmp + rename: added under its final name, resealed after the rename
+    run_py(f"import os; open({str(g / 'notes.tmp')!r}, 'w').write('n'); "
+           f"os.rename({str(g / 'notes.tmp')!r}, {str(g / 'NOTES')!r})")
+    assert status(g) == "sealed" and "NOTES" in manifest_files(mnt, g)
+
+
+def test_killed_late_writer_leaves_the_sealed_group(mnt: Mount) -> None:
+    d = mnt.path
+    save_hf_like(d, 1)
+    g = d / "checkpoint-1"
+    w = subprocess.Popen([sys.executable, "-c", LATE_WRITER, str(g / "rng_state.pth")], stdout=subprocess.PIPE,
+                         text=True)
+    try:
+        assert w.stdout is not None and w.stdout.readline().strip() == "writing"
+        assert status(g) == "open"
+    finally:
+        w.kill()
+        w.wait()
+    deadline = time.monotonic() + 10
+    while status(g) != "sealed" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert status(g) == "sealed"
+    assert sorted(os.listdir(g)) == ["model.pt", "optimizer.pt", "trainer_state.json"]  # the torn file is gone
+    assert manifest_files(mnt, g) == ["model.pt", "optimizer.pt", "trainer_state.json"]
+
+
+def test_daemon_crash_during_late_write_reseals_in_recovery(tmp_path: Path) -> None:
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    m = Mount(d).start()
+    try:
+        save_hf_like(d, 1)
+        g = d / "checkpoint-1"
+        (g / "NOTES").write_text("added after the seal")  # committed, group resealed
+        w = subprocess.Popen([sys.executable, "-c", LATE_WRITER, str(g / "rng_state.pth")],
+                             stdout=subprocess.PIPE, text=True)
+        try:
+            assert w.stdout is not None and w.stdout.readline().strip() == "writing"
+            (d / "x.txt").write_text("1")  # ... while the group is open again
+            m.kill(detach=False)
+        finally:
+            w.kill()
+            w.wait()
+        m.detach()
+        m.start()
+        assert status(g) == "sealed"
+        assert sorted(os.listdir(g)) == ["NOTES", "model.pt", "optimizer.pt", "trainer_state.json"]
+        assert torch.equal(torch.load(g / "model.pt")["w"], torch.full((64,), 1.0))
+        shown = json.loads(cli("show", str(g)).stdout)
+        assert shown["lineage"]["event"] == "recovery: files added after the seal"
+        assert "verified 1 groups, 4 files: OK" in cli("verify", str(g)).stdout
+    finally:
+        m.stop()
+
+
+def test_rewrite_of_a_sealed_group_needs_its_completion_event(mnt: Mount) -> None:
+    """A re-save over a sealed group's files is not resealed file by file (that could seal new weights
+    with the old optimizer): without its marker again it is torn once the writer is gone."""
+    d = mnt.path
+    save_hf_like(d, 1)
+    g = d / "checkpoint-1"
+    r = run_py(f"import os, time, torch; torch.save({{'w': torch.zeros(64)}}, {str(g / 'model.pt')!r}); "
+               f"time.sleep(1.5); print(os.getxattr({str(g)!r}, 'user.ckptfs.status').decode())")
+    assert r.stdout.strip() == "open"  # while the writer lives it may still write the rest and the marker
+    deadline = time.monotonic() + 10
+    while g.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not g.exists()
+    rows = json.loads(cli("ls", str(d), "--all", "--json").stdout)
+    assert [(r["step"], r["state"]) for r in rows] == [(1, "torn")]
+    # and a rename onto a file the group holds is a rewrite too
+    save_hf_like(d, 2)
+    g2 = d / "checkpoint-2"
+    (g2 / "m.tmp").write_bytes(b"new")
+    assert status(g2) == "sealed"  # an added file: resealed
+    os.rename(g2 / "m.tmp", g2 / "model.pt")
+    assert status(g2) == "open"
+    (g2 / "trainer_state.json").write_text("{}")  # the completion event again
+    assert status(g2) == "sealed"

@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import traceback
+from collections.abc import Callable
 
 import fwlib
 
@@ -98,8 +99,9 @@ def rank_main(rank: int, a: dict, job: str) -> None:
     dist.destroy_process_group()
 
 
-def run_ranks(a: dict, job: str) -> None:
-    """Fork ``ws`` ranks, wait for all; raise if any failed."""
+def run_ranks(a: dict, job: str, main: Callable[[int, dict, str], None] | None = None) -> None:
+    """Fork ``ws`` ranks running ``main`` (default: this workload's), wait for all; raise if any failed."""
+    main = main or rank_main
     if os.path.exists(a["store"]):
         os.unlink(a["store"])
     pids = []
@@ -108,7 +110,7 @@ def run_ranks(a: dict, job: str) -> None:
         if pid == 0:
             code = 0
             try:
-                rank_main(r, a, job)
+                main(r, a, job)
             except BaseException:  # noqa: BLE001
                 traceback.print_exc()
                 code = 3

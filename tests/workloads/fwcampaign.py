@@ -61,6 +61,7 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     Framework("dcp4", "fw_dcp.py", 1, group_re=r"step-\d+", extra={"ws": 4}),
     Framework("deepspeed", "fw_deepspeed.py", 2, group_re=r"global_step\d+", file_re="latest"),
     Framework("safetensors", "fw_safetensors.py", 1, file_re=r"model\.safetensors"),
+    Framework("nemo", "fw_nemo.py", 1, group_re=r"model--step=\d+", extra={"ws": 2}),
 )}
 
 
