@@ -131,6 +131,21 @@ def group(mode: str = "sync", steps: int = 2) -> Workload:
     return Workload("group", mode, run, [group_whole("COMMIT")])
 
 
+def late(mode: str = "sync") -> Workload:
+    """A sealed group (model.pt, optim.pt, COMMIT), then two files added to it after the seal (G10:
+    HF's rng_state.pth after trainer_state.json): a crash never hides the sealed group."""
+    def run(d: Driver) -> None:
+        files = {"model.pt": torch_bytes(300), "optim.pt": torch_bytes(400, 512)}
+        d.mkdir("step_0")
+        for name, data in files.items():
+            d.save(f"step_0/{name}", data)
+        d.save("step_0/COMMIT", json.dumps({"files": {n: b3(b) for n, b in files.items()}}).encode())
+        d.save("step_0/rng_state.pt", torch_bytes(500))
+        d.save("step_0/notes.json", b'{"late": true}', fsync=not d.sync)
+
+    return Workload("late" if mode == "sync" else "async_late", mode, run, [group_whole("COMMIT")])
+
+
 def dcp(mode: str = "sync", steps: int = 2, shards: int = 6) -> Workload:
     """DCP-like save: ckpt/step_s/__i_0.distcp shards (opaque bytes), ``.metadata`` last."""
     def run(d: Driver) -> None:
@@ -182,9 +197,9 @@ def workloads(scale: str = "bounded") -> list[Workload]:
     if scale == "full":
         return [single(), overwrite(versions=4), group(steps=3), dcp(steps=3, shards=8),
                 pointer_rotation(steps=6), pointer_rotation("async", steps=6),
-                dcp("async", steps=3, shards=8)]
+                dcp("async", steps=3, shards=8), late(), late("async")]
     return [single(), overwrite(), group(steps=1), dcp(steps=2, shards=3), pointer_rotation(steps=3),
-            pointer_rotation("async", steps=3)]
+            pointer_rotation("async", steps=3), late()]
 
 
 def with_async_name(w: Workload) -> Workload:
@@ -195,6 +210,7 @@ def with_async_name(w: Workload) -> Workload:
 
 WORKLOADS: dict[str, Callable[..., Workload]] = {
     "single": single, "overwrite": overwrite, "group": group, "dcp": dcp, "pointer_rotation": pointer_rotation,
+    "late": late,
 }
 
 
