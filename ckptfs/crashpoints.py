@@ -25,6 +25,7 @@ POINTS = (
 GROUP_POINTS = (
     "group_commit_written",  # manifest + COMMIT durable, group_seal not yet journaled
     "retire_moved",          # retention moved a group to trash, not yet deleted
+    "rollback_logged",       # group_rollback durable in the journal, nothing moved yet
 )
 
 _lock = threading.Lock()

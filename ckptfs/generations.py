@@ -73,6 +73,15 @@ def apply_gen_entry(table: dict[str, list[dict]], e: dict) -> None:
         if not isinstance(keep, dict) or not str(keep.get("name", "")).startswith(GEN_DIR + "/"):
             raise ValueError("bad keep fragment")
         table.setdefault(e["path"], []).insert(0, keep)
+    elif op == "group_rollback":  # rollback.py: the generations put back leave the table
+        for r in e["restore"]:
+            left = [g for g in table.get(r["path"], []) if g.get("name") != r["name"]]
+            if left:
+                table[r["path"]] = left
+            else:
+                table.pop(r["path"], None)
+        for p in e["remove"]:
+            table.pop(p, None)
     elif op in ("unlink", "symlink"):
         _drop_prefix(table, e["path"])
     elif op == "rename":

@@ -31,6 +31,9 @@ G10 A sealed group reopened only by *new* files (``late``) is resealed, with
     late file is dropped, or recovery reseals over the committed records).  A
     rewrite of a sealed file reopens it for good: it needs its completion
     event again and is torn if it never comes.
+G11 A torn re-save of a sealed group is rolled back to its last seal when
+    every file it replaced was kept as a generation (rollback.py); the re-save's
+    files are kept in quarantine.  Otherwise it is quarantined whole (G7).
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from .groups import (
     write_seal,
 )
 from .recovery import drop_prefix, move_group, move_prefix, parent, quarantine_target, rmtree
+from .rollback import apply_rollback, apply_rollback_state, rollback_plan
 from .rules import Rule, parent_and_base, step_of
 
 log = logging.getLogger("ckptfs.groups")
@@ -329,8 +333,25 @@ class GroupOps:
                 return False
             reason = g.reason if killed else ("every writer exited before the group was sealed"
                                               if self._has_files(g) else "every writer exited; the group is empty")
-            self._quarantine(g, TORN, reason)
+            self._tear(g, reason)
         return True
+
+    def _tear(self, g: GroupState, reason: str) -> None:
+        """g can never complete (caller holds commit_lock): a torn re-save of a sealed group goes
+        back to its seal when every replaced file was kept (G11, rollback.py); else quarantine."""
+        plan = rollback_plan(self.store, self.records, self.integrity.gens.table, g)
+        if plan is None:
+            self._quarantine(g, TORN, reason)
+            return
+        self.journal.append(plan)
+        crashpoints.hit("rollback_logged")
+        apply_rollback(self.store, plan)
+        with self.lock:
+            apply_rollback_state(self.records, self.groups, plan, self.integrity.gens.table)
+        g.pids = []
+        self.stats["groups_rolled_back"] += 1
+        log.warning("group %s: re-save torn (%s); rolled back to its seal, %d files restored, the re-save "
+                    "kept at %s", g.path, reason, len(plan["restore"]), plan["to"])
 
     def _has_files(self, g: GroupState) -> bool:
         pre = g.path + "/"
@@ -424,7 +445,7 @@ class GroupOps:
             elif self._rule_of(g).idle_seal and not g.reason.startswith("writer killed") and self._has_files(g):
                 self._seal_group(g, "unmount (idle)")
             else:
-                self._quarantine(g, TORN, g.reason or "not sealed when the filesystem was unmounted")
+                self._tear(g, g.reason or "not sealed when the filesystem was unmounted")
 
     # ------------------------------------------------------- deferred delete
     def _newer_open_sibling(self, g: GroupState) -> bool:

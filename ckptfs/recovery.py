@@ -58,6 +58,8 @@ from .hashing import digest_fd
 from .journal import SNAPSHOT, STAGING, Journal, read_whole
 from .metadata import load_trusted
 from .records import FileRecord
+from .rollback import OP as ROLLBACK
+from .rollback import apply_rollback, apply_rollback_state, rollback_plan
 
 log = logging.getLogger("ckptfs.recovery")
 
@@ -121,6 +123,8 @@ def apply_group_entry(files: dict[str, FileRecord], groups: dict[str, GroupState
         groups_keys_under = [k for k in groups if k.startswith(e["path"] + "/")]
         for k in groups_keys_under:
             del groups[k]
+    elif op == ROLLBACK:
+        apply_rollback_state(files, groups, e)
     elif op == "group_forget":
         groups.pop(e["path"], None)
     elif op == "group_restore":
@@ -197,8 +201,10 @@ def _sealed_problem(store: BackingStore, g: GroupState) -> str | None:
     return None
 
 
-def settle_groups(store: BackingStore, files: dict[str, FileRecord], groups: dict[str, GroupState]) -> list[str]:
-    """Quarantine torn (still open) and corrupt (unverifiable) groups; purge trash."""
+def settle_groups(store: BackingStore, files: dict[str, FileRecord], groups: dict[str, GroupState],
+                  gens: dict[str, list[GenEntry]] | None = None, journal: Journal | None = None) -> list[str]:
+    """Reseal late groups (G10), roll torn re-saves back to their seal (G11, needs ``journal``),
+    quarantine other torn (still open) and corrupt (unverifiable) groups; purge trash."""
     notes: list[str] = []
     for path, g in list(groups.items()):
         if g.state in (TORN, CORRUPT, TRASHED):
@@ -213,6 +219,16 @@ def settle_groups(store: BackingStore, files: dict[str, FileRecord], groups: dic
                 continue
             if g.late:  # only files added after its seal: they are committed, reseal with them (G10)
                 notes.append(_reseal(store, files, g))
+                continue
+            plan = rollback_plan(store, files, gens or {}, g) if journal is not None else None
+            if plan is not None:  # a torn re-save of a sealed group: back to its seal (G11)
+                journal.append(plan)
+                crashpoints.hit("rollback_logged")
+                apply_rollback(store, plan)
+                apply_rollback_state(files, groups, plan, gens)
+                notes.append(f"{path}: re-save torn by the crash; rolled back to its seal "
+                             f"({len(plan['restore'])} files restored, the re-save kept at {plan['to']})")
+                log.warning("group %s: torn re-save rolled back to its seal", path)
                 continue
             state, reason = TORN, "not sealed before the crash (no COMMIT)"
         else:
@@ -391,6 +407,9 @@ def finish_inflight(store: BackingStore, e: dict) -> bool:
     if op in ("group_quarantine", "group_retire"):
         move_group(store, e["path"], e["to"])
         return True
+    if op == ROLLBACK:
+        apply_rollback(store, e)
+        return True
     raise ValueError(f"unknown journal op {op!r}")
 
 
@@ -531,6 +550,6 @@ def recover(store: BackingStore, journal: Journal | None = None) -> RecoveryRepo
         log.error("metadata: %s", p)
     gens = rep.generations
     journal.extra_state = lambda: {"generations": {p: [g.to_json() for g in gs] for p, gs in gens.items()}}
-    rep.group_notes = settle_groups(store, rep.files, rep.groups)
+    rep.group_notes = settle_groups(store, rep.files, rep.groups, rep.generations, journal)
     journal.compact(rep.files, rep.aborts, {p: g.to_json() for p, g in rep.groups.items()})
     return rep

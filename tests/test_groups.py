@@ -521,27 +521,119 @@ def test_daemon_crash_during_late_write_reseals_in_recovery(tmp_path: Path) -> N
         m.stop()
 
 
-def test_rewrite_of_a_sealed_group_needs_its_completion_event(mnt: Mount) -> None:
+def test_rewrite_of_a_sealed_group_needs_its_completion_event(tmp_path: Path) -> None:
     """A re-save over a sealed group's files is not resealed file by file (that could seal new weights
-    with the old optimizer): without its marker again it is torn once the writer is gone."""
+    with the old optimizer): without its marker again it is torn once the writer is gone, and with no
+    kept generation (--keep-generations 0) there is nothing to roll back to: quarantined (G7)."""
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    with Mount(d, extra_args=["--keep-generations", "0"]) as m:
+        save_hf_like(m.path, 1)
+        g = m.path / "checkpoint-1"
+        r = run_py(f"import os, time, torch; torch.save({{'w': torch.zeros(64)}}, {str(g / 'model.pt')!r}); "
+                   f"time.sleep(1.5); print(os.getxattr({str(g)!r}, 'user.ckptfs.status').decode())")
+        assert r.stdout.strip() == "open"  # while the writer lives it may still write the rest and the marker
+        deadline = time.monotonic() + 10
+        while g.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not g.exists()
+        rows = json.loads(cli("ls", str(m.path), "--all", "--json").stdout)
+        assert [(r["step"], r["state"]) for r in rows] == [(1, "torn")]
+        # and a rename onto a file the group holds is a rewrite too
+        save_hf_like(m.path, 2)
+        g2 = m.path / "checkpoint-2"
+        (g2 / "m.tmp").write_bytes(b"new")
+        assert status(g2) == "sealed"  # an added file: resealed
+        os.rename(g2 / "m.tmp", g2 / "model.pt")
+        assert status(g2) == "open"
+        (g2 / "trainer_state.json").write_text("{}")  # the completion event again
+        assert status(g2) == "sealed"
+
+
+RESAVE = """
+import sys, torch
+g = sys.argv[1]
+torch.save({"w": torch.zeros(64)}, g + "/model.pt")     # the re-save rewrites the weights ...
+torch.save({"x": torch.ones(3)}, g + "/extra.pt")      # ... adds a file ...
+f = open(g + "/optimizer.pt", "wb")                     # ... and dies inside the optimizer
+f.write(b"PK" + b"\\0" * 100000)
+f.flush()
+print("writing", flush=True)
+import time; time.sleep(60)
+"""
+
+
+def assert_rolled_back(g: Path, step: int = 1) -> None:
+    assert status(g) == "sealed"
+    assert sorted(os.listdir(g)) == ["model.pt", "optimizer.pt", "trainer_state.json"]
+    assert torch.equal(torch.load(g / "model.pt")["w"], torch.full((64,), float(step)))
+    assert torch.equal(torch.load(g / "optimizer.pt")["opt"], torch.arange(8) * step)
+    assert "verified 1 groups, 3 files: OK" in cli("verify", str(g)).stdout
+
+
+def test_torn_resave_rolls_back_to_the_seal_live(mnt: Mount) -> None:
+    """G11: the re-save's writer exits (or is killed) without the completion event: the group goes back
+    to its sealed files (kept generations), the re-save's files are kept aside, nothing is lost."""
     d = mnt.path
     save_hf_like(d, 1)
     g = d / "checkpoint-1"
-    r = run_py(f"import os, time, torch; torch.save({{'w': torch.zeros(64)}}, {str(g / 'model.pt')!r}); "
-               f"time.sleep(1.5); print(os.getxattr({str(g)!r}, 'user.ckptfs.status').decode())")
-    assert r.stdout.strip() == "open"  # while the writer lives it may still write the rest and the marker
+    run_py(f"import torch; torch.save({{'w': torch.zeros(64)}}, {str(g / 'model.pt')!r})")  # exits after
     deadline = time.monotonic() + 10
-    while g.exists() and time.monotonic() < deadline:
+    while status(g) != "sealed" and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not g.exists()
-    rows = json.loads(cli("ls", str(d), "--all", "--json").stdout)
-    assert [(r["step"], r["state"]) for r in rows] == [(1, "torn")]
-    # and a rename onto a file the group holds is a rewrite too
-    save_hf_like(d, 2)
-    g2 = d / "checkpoint-2"
-    (g2 / "m.tmp").write_bytes(b"new")
-    assert status(g2) == "sealed"  # an added file: resealed
-    os.rename(g2 / "m.tmp", g2 / "model.pt")
-    assert status(g2) == "open"
-    (g2 / "trainer_state.json").write_text("{}")  # the completion event again
-    assert status(g2) == "sealed"
+    assert_rolled_back(g)
+    w = subprocess.Popen([sys.executable, "-c", RESAVE, str(g)], stdout=subprocess.PIPE, text=True, env=_env())
+    try:
+        assert w.stdout is not None and w.stdout.readline().strip() == "writing"
+        assert status(g) == "open"
+    finally:
+        w.kill()
+        w.wait()
+    deadline = time.monotonic() + 10
+    while status(g) != "sealed" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert_rolled_back(g)
+    stats = json.loads(os.getxattr(d, "user.ckptfs.stats"))
+    assert stats["groups_rolled_back"] == 2
+    mnt.remount()
+    assert_rolled_back(g)
+    mnt.stop()
+    aside = sorted(p.name for q in (d / META_DIR / "quarantine").iterdir() for p in q.iterdir())
+    assert aside == ["extra.pt", "model.pt", "model.pt.1"]  # both re-saves' committed files, kept (never replaced)
+    mnt.start()
+    cli("gc", str(d))
+    mnt.stop()
+    assert not os.listdir(d / META_DIR / "quarantine")
+    mnt.start()
+
+
+@pytest.mark.parametrize("crash_in_recovery", [False, True])
+def test_torn_resave_rolls_back_after_daemon_crash(tmp_path: Path, crash_in_recovery: bool) -> None:
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    m = Mount(d).start()
+    try:
+        save_hf_like(d, 1)
+        g = d / "checkpoint-1"
+        w = subprocess.Popen([sys.executable, "-c", RESAVE, str(g)], stdout=subprocess.PIPE, text=True, env=_env())
+        try:
+            assert w.stdout is not None and w.stdout.readline().strip() == "writing"
+            m.kill(detach=False)
+        finally:
+            w.kill()
+            w.wait()
+        m.detach()
+        if crash_in_recovery:
+            m.env = {"CKPTFS_CRASH_AT": "rollback_logged"}
+            with pytest.raises(RuntimeError):
+                m.start()  # recovery journals the rollback and dies before moving anything
+            m.kill()
+            m.env = None
+        m.start()
+        assert_rolled_back(g)
+        m.remount()
+        assert_rolled_back(g)
+    finally:
+        m.stop()
+    aside = [p.name for q in (d / META_DIR / "quarantine").iterdir() for p in q.iterdir()]
+    assert sorted(aside) == ["extra.pt", "model.pt"]  # the re-save's committed files, kept

@@ -86,14 +86,26 @@ class Ledger:
 
     @staticmethod
     def read(path: str) -> list[dict]:
-        """All complete records (a torn last line from a kill is ignored)."""
+        """All complete records.  A record cut short by a kill (a fatal signal ends a multi-page
+        ``write`` between pages) is ignored: at the end of the file, or glued to the front of the next
+        process's record on the same line, which is then parsed from its own start."""
         if not os.path.exists(path):
             return []
         recs = []
-        with open(path) as f:
+        dec = json.JSONDecoder()
+        with open(path, errors="replace") as f:
             for line in f:
-                if line.endswith("\n"):
-                    recs.append(json.loads(line))
+                if not line.endswith("\n"):
+                    continue
+                line = line.strip()
+                for i in [0] + [k for k in range(1, len(line)) if line.startswith('{"', k)]:
+                    try:
+                        rec, end = dec.raw_decode(line, i)
+                    except ValueError:
+                        continue
+                    if end == len(line) and isinstance(rec, dict):
+                        recs.append(rec)
+                        break
         return recs
 
 

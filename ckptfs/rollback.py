@@ -1,0 +1,148 @@
+"""Rolling a torn re-save of a sealed group back to its last seal (G11).
+
+A sealed group whose files are rewritten (a re-save into ``checkpoint-N``, a
+custom ``latest/`` directory saved over every time) is reopened (G10).  If the
+re-save never completes, the group used to be quarantined whole, taking the
+last good copy with it.  Every file a commit replaced is kept as a generation
+(generations.py), so the sealed state can be put back instead:
+
+* *plan* (:func:`rollback_plan`): for every file of the last manifest, its
+  current record if unchanged, else the kept generation with the manifest's
+  blake3; files the manifest does not list are moved aside.  If any listed
+  file has no such generation (not kept: ``--keep-generations 0``, a rename
+  over it, a power loss that lost the unsynced link), there is no plan and the
+  group is quarantined as before;
+* the plan is one journal entry ``group_rollback {path, to, restore, remove}``,
+  made durable before any change (the single in-flight entry of the protocol);
+* *apply* (:func:`apply_rollback`, idempotent, used live and by recovery to
+  finish an interrupted one): each rewritten or added file is renamed into
+  ``to`` (``.ckptfs/quarantine/<id>.resave/``: nothing is deleted), each kept
+  generation is renamed back to its path, then every touched directory is
+  fsynced;
+* *state* (:func:`apply_rollback_state`): records of restored files become the
+  kept records, moved-aside ones go, the generations used leave the table, and
+  the group is sealed again under its old, still valid COMMIT.
+
+Invariant: after a rollback the group holds exactly the files of its last
+manifest with their sealed contents, so its COMMIT verifies again.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .backing import BackingStore
+from .generations import GenEntry
+from .groups import OPEN, QUARANTINE, SEALED, GroupState, SealError, read_seal
+from .records import FileRecord
+
+OP = "group_rollback"
+
+
+def resave_target(g: GroupState) -> str:
+    return f"{QUARANTINE}/{g.id}.resave"
+
+
+def rollback_plan(store: BackingStore, files: dict[str, FileRecord], gens: dict[str, list[GenEntry]],
+                  g: GroupState) -> dict[str, Any] | None:
+    """The ``group_rollback`` entry that puts ``g`` back to its last seal, or None if it cannot."""
+    if not g.manifest_blake3 or not g.id:
+        return None  # never sealed: nothing to go back to
+    try:
+        manifest, digest = read_seal(store, g.id)
+    except (SealError, OSError):
+        return None
+    if digest != g.manifest_blake3:
+        return None
+    pre = g.path + "/"
+    restore = []
+    for rel, rj in sorted(manifest["files"].items()):
+        p = pre + rel
+        cur = files.get(p)
+        if cur is not None and cur.blake3 == rj.get("blake3") and cur.size == rj.get("size"):
+            continue
+        gen = next((x for x in gens.get(p, ()) if x.rec.blake3 == rj.get("blake3")), None)
+        if gen is None:
+            return None
+        restore.append({"path": p, "name": gen.name, "rec": gen.rec.to_json()})
+    listed = {pre + rel for rel in manifest["files"]}
+    remove = sorted(k for k in files if k.startswith(pre) and k not in listed)
+    return {"op": OP, "path": g.path, "to": resave_target(g), "restore": restore, "remove": remove}
+
+
+def _makedirs(store: BackingStore, d: str, made: set[str]) -> None:
+    if not d or store.exists(d):
+        return
+    _makedirs(store, os.path.dirname(d), made)
+    store.mkdir(d, 0o700)
+    made.add(os.path.dirname(d))
+
+
+def apply_rollback(store: BackingStore, e: dict[str, Any]) -> None:
+    """Carry out a ``group_rollback`` entry on disk; idempotent (a crash anywhere, then again)."""
+    path, to = e["path"], e["to"]
+    dirty: set[str] = set()
+
+    def aside(p: str) -> None:
+        dst = f"{to}/{p[len(path) + 1:]}"
+        try:
+            st = store.lstat(p)
+        except FileNotFoundError:
+            return
+        try:
+            if store.lstat(dst).st_ino == st.st_ino:
+                store.unlink(p)  # a half-persisted earlier move left both names
+                dirty.add(os.path.dirname(p))
+                return
+        except FileNotFoundError:
+            pass
+        _makedirs(store, os.path.dirname(dst), dirty)
+        n = 1
+        while store.exists(dst):  # never replace what an earlier run moved aside
+            dst = f"{to}/{p[len(path) + 1:]}.{n}"
+            n += 1
+        store.rename(p, dst)
+        dirty.update((os.path.dirname(p), os.path.dirname(dst)))
+
+    for r in e["restore"]:
+        p, name = r["path"], r["name"]
+        if not store.exists(name):
+            continue  # restored by an earlier run (or lost: recovery's classify drops the record)
+        try:
+            if store.lstat(p).st_ino != FileRecord.from_json(r["rec"]).ino:
+                aside(p)
+        except FileNotFoundError:
+            pass
+        if store.exists(p):  # the kept inode is at p under a second name already: drop the extra name
+            store.unlink(name)
+        else:
+            store.rename(name, p)
+        dirty.update((os.path.dirname(p), os.path.dirname(name)))
+    for p in e["remove"]:
+        aside(p)
+    for d in sorted(dirty, key=len, reverse=True):
+        if store.exists(d):
+            store.fsync_dir(d)
+
+
+def apply_rollback_state(files: dict[str, FileRecord], groups: dict[str, GroupState], e: dict[str, Any],
+                         gens: dict[str, list] | None = None) -> None:
+    """The record/group/generation changes of a completed ``group_rollback`` entry.
+
+    ``gens`` maps a path to generation entries (GenEntry or raw JSON dicts)."""
+    for r in e["restore"]:
+        files[r["path"]] = FileRecord.from_json(r["rec"])
+        if gens is not None and r["path"] in gens:
+            left = [x for x in gens[r["path"]] if (x.name if isinstance(x, GenEntry) else x.get("name")) != r["name"]]
+            if left:
+                gens[r["path"]] = left
+            else:
+                del gens[r["path"]]
+    for p in e["remove"]:
+        files.pop(p, None)
+        if gens is not None:
+            gens.pop(p, None)
+    g = groups.get(e["path"])
+    if g is not None and g.state in (OPEN, SEALED):
+        g.state, g.late, g.reason, g.seal_requested = SEALED, False, "", ""
