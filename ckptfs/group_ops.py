@@ -63,7 +63,7 @@ from .groups import (
     write_seal,
 )
 from .recovery import drop_prefix, move_group, move_prefix, parent, quarantine_target, rmtree
-from .rollback import apply_rollback, apply_rollback_state, rollback_plan
+from .rollback import apply_rollback, apply_rollback_state, make_durable, rollback_plan
 from .rules import Rule, parent_and_base, step_of
 
 log = logging.getLogger("ckptfs.groups")
@@ -343,10 +343,16 @@ class GroupOps:
         if plan is None:
             self._quarantine(g, TORN, reason)
             return
-        self.journal.append(plan)
+        make_durable(self.store)
+        mark = self.journal.append(plan)
         crashpoints.hit("rollback_logged")
-        apply_rollback(self.store, plan)
+        if not apply_rollback(self.store, plan):  # cannot happen live (generations are on disk)
+            self.journal.retract(mark)
+            self._quarantine(g, TORN, reason)
+            return
         with self.lock:
+            for p in plan["remove"]:
+                self.integrity.gens.on_unlink(p)  # generations of a file moved aside go with it
             apply_rollback_state(self.records, self.groups, plan, self.integrity.gens.table)
         g.pids = []
         self.stats["groups_rolled_back"] += 1

@@ -130,10 +130,25 @@ def _write_durable(store: BackingStore, name: str, data: bytes) -> None:
 
 
 def write_seal(store: BackingStore, gid: str, manifest: bytes) -> str:
-    """Durably write manifest then COMMIT for group ``gid``; return the manifest digest."""
+    """Durably write manifest then COMMIT for group ``gid``; return the manifest digest.
+
+    Resealing keeps the previous seal readable (:func:`read_seal` ``prev=True``) under second names
+    made durable first: until the new seal is journaled, a torn re-save is rolled back to it."""
     if not store.exists(GROUPS):
         store.mkdir(GROUPS, 0o700)
         store.fsync_dir(META_DIR)
+    if store.exists(f"{GROUPS}/{gid}.commit"):
+        try:
+            read_seal(store, gid)
+        except SealError:
+            pass  # a seal that does not verify is no previous seal
+        else:
+            for suffix in (".commit", ".manifest"):
+                prev = f"{GROUPS}/{gid}.prev{suffix}"
+                if store.exists(prev):
+                    store.unlink(prev)
+                store.link(f"{GROUPS}/{gid}{suffix}", prev)
+            store.fsync_dir(GROUPS)
     _write_durable(store, f"{GROUPS}/{gid}.manifest", manifest)
     commit = build_commit(gid, manifest)
     _write_durable(store, f"{GROUPS}/{gid}.commit", commit)
@@ -142,10 +157,9 @@ def write_seal(store: BackingStore, gid: str, manifest: bytes) -> str:
 
 def remove_seal(store: BackingStore, gid: str) -> None:
     """Delete a group's COMMIT (first) and manifest; a missing one is fine."""
-    key = gid
-    for suffix in (".commit", ".manifest"):
+    for suffix in (".commit", ".manifest", ".prev.commit", ".prev.manifest"):
         try:
-            store.unlink(f"{GROUPS}/{key}{suffix}")
+            store.unlink(f"{GROUPS}/{gid}{suffix}")
         except FileNotFoundError:
             pass
 
@@ -163,9 +177,10 @@ class SealError(Exception):
     """A group's manifest/COMMIT is missing or does not verify."""
 
 
-def read_seal(store: BackingStore, gid: str) -> tuple[dict[str, Any], str]:
-    """Return (verified manifest, its blake3) of group ``gid``; raise SealError saying what is wrong (G1)."""
-    key = gid
+def read_seal(store: BackingStore, gid: str, prev: bool = False) -> tuple[dict[str, Any], str]:
+    """Return (verified manifest, its blake3) of group ``gid``; raise SealError saying what is wrong (G1).
+    ``prev``: the seal before the latest reseal (kept by :func:`write_seal`)."""
+    key = f"{gid}.prev" if prev else gid
     try:
         commit_b = _read_all(store, f"{GROUPS}/{key}.commit")
     except FileNotFoundError:

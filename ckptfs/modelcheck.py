@@ -944,7 +944,7 @@ def check_log(w: Workload, log: list[tuple], app: AppOps, model: str, scratch: s
                 cache[key] = r
                 if recovery_crash_every > 0 and res.distinct_states % recovery_crash_every == 0:
                     r.problems.extend(_crash_recovery(sim, cs, work, model, rng, res, w, states, acked, begun))
-            msgs = r.problems + judge(r.visible, states, acked, begun)
+            msgs = r.problems + judge(r.visible, states, acked, begun, model)
             if msgs:
                 res.violations += 1
                 if len(res.examples) < max_examples:
@@ -994,7 +994,7 @@ def _crash_recovery(sim: Sim, cs: CrashState, work: str, model: str, rng: random
                 vis, contents, p, _ = inspect(sub, m2)
                 for inv in w.invariants:
                     p.extend(inv(vis, contents))
-                p.extend(judge(vis, states, acked, begun))
+                p.extend(judge(vis, states, acked, begun, model))
             if p:
                 problems.append(f"after a crash during recovery at {e[0]} {e[1]!r}: {'; '.join(p[:2])}")
                 break
@@ -1004,13 +1004,12 @@ def _crash_recovery(sim: Sim, cs: CrashState, work: str, model: str, rng: random
     return problems
 
 
-def hide_unsealed(tree: dict[str, tuple]) -> dict[str, tuple]:
-    """What ckptfs shows of prefix state ``tree`` after a crash: checkpoint groups (rules.py)
-    whose completion marker is not in the tree are torn and hidden whole (group_ops G7)."""
+def _group_markers(tree: dict[str, tuple]) -> dict[str, set[str]]:
+    """Checkpoint groups (rules.py) in ``tree``: directory -> its completion marker names."""
     from .rules import RuleSet
 
     rules = RuleSet()
-    hidden: list[str] = []
+    out: dict[str, set[str]] = {}
     for d, v in tree.items():
         if v[0] != "d":
             continue
@@ -1020,30 +1019,72 @@ def hide_unsealed(tree: dict[str, tuple]) -> dict[str, tuple]:
         content = next((r for r in (rules.content_rule(c) for c in children) if r is not None), None)
         if rule is None and content is None:
             continue
-        markers = set((content or rule).markers) | (set(rule.markers) if rule else set())
-        if not markers & set(children):
-            hidden.append(d)
-    return {p: v for p, v in tree.items() if not any(p == h or p.startswith(h + "/") for h in hidden)}
+        out[d] = set((content or rule).markers) | (set(rule.markers) if rule else set())
+    return out
 
 
-def judge(vis: dict[str, tuple], states: list[dict[str, tuple]], acked: int, begun: int) -> list[str]:
-    """Violations of "visible == S_j for some acked <= j <= begun", where S_j shows only
-    sealed groups (an acknowledged file inside a group that never sealed is hidden with it)."""
-    states = [hide_unsealed(s) for s in states]
-    if any(vis == states[j] for j in range(acked, begun + 1)):
+def _split(tree: dict[str, tuple], d: str) -> tuple[dict[str, tuple], dict[str, tuple]]:
+    """(tree without d's subtree, d's subtree)."""
+    inside = {p: v for p, v in tree.items() if p == d or p.startswith(d + "/")}
+    return {p: v for p, v in tree.items() if p not in inside}, inside
+
+
+def views(states: list[dict[str, tuple]], model: str = "weak") -> list[list[dict[str, tuple]]]:
+    """For each prefix state S_j, the trees ckptfs may show after a crash there.
+
+    A group is *sealed at* the last prefix whose operation wrote its completion marker.  Never
+    sealed: hidden whole (G7).  Files only added since: shown as is (G10 reseals with them).  A file
+    of the sealed state rewritten or gone since (a re-save in progress): rolled back to the sealed
+    state (G11); under *weak* persistence also hidden whole, as the kept generations' links are not
+    synced when made and may be lost (G7); under *ext4* (ordered metadata) they survive, so the
+    rollback is required."""
+    out: list[list[dict[str, tuple]]] = []
+    sealed_at: dict[str, int] = {}
+    for j, s in enumerate(states):
+        groups = _group_markers(s)
+        prev = states[j - 1] if j else {}
+        for d in [d for d in sealed_at if d not in groups]:
+            del sealed_at[d]
+        for d, markers in groups.items():
+            if any(f"{d}/{m}" in s and s[f"{d}/{m}"] != prev.get(f"{d}/{m}") for m in markers):
+                sealed_at[d] = j
+        cands = [s]
+        for d, markers in groups.items():
+            k = sealed_at.get(d)
+            if k is None or not any(f"{d}/{m}" in s for m in markers):
+                cands = [_split(c, d)[0] for c in cands]
+                continue
+            _, old = _split(states[k], d)
+            _, cur = _split(s, d)
+            if any(cur.get(p) != v for p, v in old.items()):
+                back = [{**_split(c, d)[0], **old} for c in cands]
+                cands = back if model == "ext4" else back + [_split(c, d)[0] for c in cands]
+        out.append(cands)
+    return out
+
+
+def judge(vis: dict[str, tuple], states: list[dict[str, tuple]], acked: int, begun: int,
+          model: str = "weak") -> list[str]:
+    """Violations of "visible is a view of S_j for some acked <= j <= begun" (:func:`views`: only
+    sealed groups are shown, an acknowledged file inside a group that never sealed is hidden with
+    it, and a torn re-save shows the group as sealed before it)."""
+    cands = views(states, model)
+    if any(vis == c for j in range(acked, begun + 1) for c in cands[j]):
         return []
     known: dict[str, set] = {}
-    for s in states:
-        for p, v in s.items():
-            known.setdefault(p, set()).add(v)
+    for cs in cands:
+        for c in cs:
+            for p, v in c.items():
+                known.setdefault(p, set()).add(v)
     torn = [p for p, v in vis.items() if v not in known.get(p, set())]
     if torn:
         return [f"{p} holds content never committed there" for p in torn[:3]]
-    earlier = [j for j in range(acked) if vis == states[j]]
+    earlier = [j for j in range(acked) if any(vis == c for c in cands[j])]
     if earlier:
         return [f"acknowledged operations {earlier[-1] + 1}..{acked} lost"]
+    last = cands[begun][0]
     return [f"not the state after any prefix {acked}..{begun} of the operations "
-            f"(differs from S_{begun} at {sorted(set(vis.items()) ^ set(states[begun].items()))[:2]})"]
+            f"(differs from S_{begun} at {sorted(set(vis.items()) ^ set(last.items()))[:2]})"]
 
 
 def iter_results(workloads: list[Workload], models: tuple[str, ...], scratch: str, **kw: Any) -> Iterator[ModelResult]:

@@ -34,6 +34,7 @@ import logging
 import os
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from . import META_DIR, crashpoints
@@ -59,7 +60,7 @@ from .journal import SNAPSHOT, STAGING, Journal, read_whole
 from .metadata import load_trusted
 from .records import FileRecord
 from .rollback import OP as ROLLBACK
-from .rollback import apply_rollback, apply_rollback_state, rollback_plan
+from .rollback import apply_rollback, apply_rollback_state, make_durable, rollback_plan
 
 log = logging.getLogger("ckptfs.recovery")
 
@@ -202,10 +203,16 @@ def _sealed_problem(store: BackingStore, g: GroupState) -> str | None:
 
 
 def settle_groups(store: BackingStore, files: dict[str, FileRecord], groups: dict[str, GroupState],
-                  gens: dict[str, list[GenEntry]] | None = None, journal: Journal | None = None) -> list[str]:
-    """Reseal late groups (G10), roll torn re-saves back to their seal (G11, needs ``journal``),
-    quarantine other torn (still open) and corrupt (unverifiable) groups; purge trash."""
+                  gens: dict[str, list[GenEntry]] | None = None, journal: Journal | None = None,
+                  persist: Callable[[], None] | None = None) -> list[str]:
+    """Reseal late groups (G10), roll torn re-saves back to their seal (G11, needs ``journal`` and
+    ``persist``), quarantine other torn (still open) and corrupt (unverifiable) groups; purge trash.
+
+    ``persist`` makes the state recovered so far durable (a compaction) before the first rollback
+    is journaled: the replayed in-flight entry may have been dropped, and once another entry follows
+    it, a later recovery would take it as done (found by the model checker, weak model)."""
     notes: list[str] = []
+    persisted = False
     for path, g in list(groups.items()):
         if g.state in (TORN, CORRUPT, TRASHED):
             continue
@@ -220,11 +227,22 @@ def settle_groups(store: BackingStore, files: dict[str, FileRecord], groups: dic
             if g.late:  # only files added after its seal: they are committed, reseal with them (G10)
                 notes.append(_reseal(store, files, g))
                 continue
-            plan = rollback_plan(store, files, gens or {}, g) if journal is not None else None
+            plan = rollback_plan(store, files, gens or {}, g) if journal and persist else None
             if plan is not None:  # a torn re-save of a sealed group: back to its seal (G11)
-                journal.append(plan)
+                if not persisted:
+                    persist()
+                    persisted = True
+                make_durable(store)
+                mark = journal.append(plan)
                 crashpoints.hit("rollback_logged")
-                apply_rollback(store, plan)
+                if not apply_rollback(store, plan):
+                    journal.retract(mark)
+                    state, reason = TORN, "re-save torn by the crash; its kept generations are gone"
+                    move_group(store, path, target)
+                    drop_prefix(files, path)
+                    g.state, g.moved_to, g.reason = state, target, reason
+                    notes.append(f"{path}: {state} ({reason}) -> {target}")
+                    continue
                 apply_rollback_state(files, groups, plan, gens)
                 notes.append(f"{path}: re-save torn by the crash; rolled back to its seal "
                              f"({len(plan['restore'])} files restored, the re-save kept at {plan['to']})")
@@ -408,8 +426,7 @@ def finish_inflight(store: BackingStore, e: dict) -> bool:
         move_group(store, e["path"], e["to"])
         return True
     if op == ROLLBACK:
-        apply_rollback(store, e)
-        return True
+        return apply_rollback(store, e)
     raise ValueError(f"unknown journal op {op!r}")
 
 
@@ -550,6 +567,9 @@ def recover(store: BackingStore, journal: Journal | None = None) -> RecoveryRepo
         log.error("metadata: %s", p)
     gens = rep.generations
     journal.extra_state = lambda: {"generations": {p: [g.to_json() for g in gs] for p, gs in gens.items()}}
-    rep.group_notes = settle_groups(store, rep.files, rep.groups, rep.generations, journal)
-    journal.compact(rep.files, rep.aborts, {p: g.to_json() for p, g in rep.groups.items()})
+    def persist() -> None:
+        journal.compact(rep.files, rep.aborts, {p: g.to_json() for p, g in rep.groups.items()})
+
+    rep.group_notes = settle_groups(store, rep.files, rep.groups, rep.generations, journal, persist)
+    persist()
     return rep

@@ -17,8 +17,9 @@ last good copy with it.  Every file a commit replaced is kept as a generation
 * *apply* (:func:`apply_rollback`, idempotent, used live and by recovery to
   finish an interrupted one): each rewritten or added file is renamed into
   ``to`` (``.ckptfs/quarantine/<id>.resave/``: nothing is deleted), each kept
-  generation is renamed back to its path, then every touched directory is
-  fsynced;
+  generation is hard-linked back to its path and its generation name removed,
+  with a directory fsync after each step, so no version is ever without a
+  durable name;
 * *state* (:func:`apply_rollback_state`): records of restored files become the
   kept records, moved-aside ones go, the generations used leave the table, and
   the group is sealed again under its old, still valid COMMIT.
@@ -33,8 +34,8 @@ import os
 from typing import Any
 
 from .backing import BackingStore
-from .generations import GenEntry
-from .groups import OPEN, QUARANTINE, SEALED, GroupState, SealError, read_seal
+from .generations import GEN_DIR, GenEntry
+from .groups import GROUPS, OPEN, QUARANTINE, SEALED, GroupState, SealError, read_seal
 from .records import FileRecord
 
 OP = "group_rollback"
@@ -49,12 +50,16 @@ def rollback_plan(store: BackingStore, files: dict[str, FileRecord], gens: dict[
     """The ``group_rollback`` entry that puts ``g`` back to its last seal, or None if it cannot."""
     if not g.manifest_blake3 or not g.id:
         return None  # never sealed: nothing to go back to
-    try:
-        manifest, digest = read_seal(store, g.id)
-    except (SealError, OSError):
+    for prev in (False, True):  # a crash inside the re-save's own seal left the new one half-written
+        try:
+            manifest, digest = read_seal(store, g.id, prev)
+        except (SealError, OSError):
+            continue
+        if digest == g.manifest_blake3:
+            break
+    else:
         return None
-    if digest != g.manifest_blake3:
-        return None
+    seal = "prev" if prev else "current"
     pre = g.path + "/"
     restore = []
     for rel, rj in sorted(manifest["files"].items()):
@@ -68,7 +73,8 @@ def rollback_plan(store: BackingStore, files: dict[str, FileRecord], gens: dict[
         restore.append({"path": p, "name": gen.name, "rec": gen.rec.to_json()})
     listed = {pre + rel for rel in manifest["files"]}
     remove = sorted(k for k in files if k.startswith(pre) and k not in listed)
-    return {"op": OP, "path": g.path, "to": resave_target(g), "restore": restore, "remove": remove}
+    return {"op": OP, "path": g.path, "id": g.id, "seal": seal, "to": resave_target(g), "restore": restore,
+            "remove": remove}
 
 
 def _makedirs(store: BackingStore, d: str, made: set[str]) -> None:
@@ -79,8 +85,15 @@ def _makedirs(store: BackingStore, d: str, made: set[str]) -> None:
     made.add(os.path.dirname(d))
 
 
-def apply_rollback(store: BackingStore, e: dict[str, Any]) -> None:
-    """Carry out a ``group_rollback`` entry on disk; idempotent (a crash anywhere, then again)."""
+def apply_rollback(store: BackingStore, e: dict[str, Any]) -> bool:
+    """Carry out a ``group_rollback`` entry on disk; idempotent (a crash anywhere, then again).
+    True if it now holds; False if a kept generation it needs is gone (lost to a power loss before
+    the plan was made durable): then the entry must not be applied and the group is quarantined.
+
+    Every kept version always has a durable name: a rewritten file is renamed aside and both its
+    directories fsynced before its path is reused; a kept generation is *linked* back to its path,
+    that directory fsynced, and only then its generation name unlinked (a rename across the two
+    directories could lose both names under weak persistence: found by the model checker)."""
     path, to = e["path"], e["to"]
     dirty: set[str] = set()
 
@@ -93,37 +106,72 @@ def apply_rollback(store: BackingStore, e: dict[str, Any]) -> None:
         try:
             if store.lstat(dst).st_ino == st.st_ino:
                 store.unlink(p)  # a half-persisted earlier move left both names
-                dirty.add(os.path.dirname(p))
+                store.fsync_dir(os.path.dirname(p))
                 return
         except FileNotFoundError:
             pass
-        _makedirs(store, os.path.dirname(dst), dirty)
+        made: set[str] = set()
+        _makedirs(store, os.path.dirname(dst), made)
+        for d in sorted(made, key=len, reverse=True):
+            store.fsync_dir(d)
         n = 1
         while store.exists(dst):  # never replace what an earlier run moved aside
             dst = f"{to}/{p[len(path) + 1:]}.{n}"
             n += 1
         store.rename(p, dst)
-        dirty.update((os.path.dirname(p), os.path.dirname(dst)))
+        store.fsync_dir(os.path.dirname(dst))
+        store.fsync_dir(os.path.dirname(p))
 
     for r in e["restore"]:
         p, name = r["path"], r["name"]
-        if not store.exists(name):
-            continue  # restored by an earlier run (or lost: recovery's classify drops the record)
+        ino = FileRecord.from_json(r["rec"]).ino
         try:
-            if store.lstat(p).st_ino != FileRecord.from_json(r["rec"]).ino:
-                aside(p)
+            here = store.lstat(p).st_ino
         except FileNotFoundError:
-            pass
-        if store.exists(p):  # the kept inode is at p under a second name already: drop the extra name
+            here = None
+        if here != ino:
+            if not store.exists(name):
+                continue  # nothing to put back (lost: recovery's classify drops the record)
+            aside(p)
+            store.link(name, p)
+            store.fsync_dir(os.path.dirname(p))
+        if store.exists(name):
             store.unlink(name)
-        else:
-            store.rename(name, p)
-        dirty.update((os.path.dirname(p), os.path.dirname(name)))
+            dirty.add(os.path.dirname(name))
     for p in e["remove"]:
         aside(p)
+    if e.get("seal") == "prev":  # the re-save's own seal was half-written: the previous one is current again
+        for suffix in (".manifest", ".commit"):  # manifest first: a COMMIT never names a missing manifest
+            src, dst = f"{GROUPS}/{e['id']}.prev{suffix}", f"{GROUPS}/{e['id']}{suffix}"
+            if store.exists(src) and not _same_inode(store, src, dst):
+                if store.exists(dst + ".tmp"):
+                    store.unlink(dst + ".tmp")
+                store.link(src, dst + ".tmp")
+                store.rename(dst + ".tmp", dst)
+        dirty.add(GROUPS)
     for d in sorted(dirty, key=len, reverse=True):
         if store.exists(d):
             store.fsync_dir(d)
+    for r in e["restore"]:
+        try:
+            if store.lstat(r["path"]).st_ino != FileRecord.from_json(r["rec"]).ino:
+                return False
+        except FileNotFoundError:
+            return False
+    return True
+
+
+def _same_inode(store: BackingStore, a: str, b: str) -> bool:
+    try:
+        return store.lstat(a).st_ino == store.lstat(b).st_ino
+    except FileNotFoundError:
+        return False
+
+
+def make_durable(store: BackingStore) -> None:
+    """The generation links a plan relies on are not fsynced when made (generations.py): fsync their
+    directory before the plan is journaled, so a power loss cannot take them afterwards."""
+    store.fsync_dir(GEN_DIR)
 
 
 def apply_rollback_state(files: dict[str, FileRecord], groups: dict[str, GroupState], e: dict[str, Any],
