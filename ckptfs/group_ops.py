@@ -179,7 +179,7 @@ class GroupOps:
         self.journal.append({"op": "group_open", "path": g.path, "rule": g.rule, "id": g.id,
                              "time": time.time(), "step": g.step, "late": late}, sync=False)
         if g.state == SEALED:
-            g.pids = []
+            g.pids, g.reason = [], ""  # a writer killed in an earlier change says nothing about this one
         g.state, g.late = OPEN, late
         if late:
             g.seal_requested = f"{LATE} {path}"  # reseals once nothing in it is being written
@@ -236,7 +236,7 @@ class GroupOps:
         self.journal.append({"op": "group_seal", "path": g.path, "manifest": digest, "time": now,
                              "files": len(files), "bytes": nbytes})
         g.state, g.manifest_blake3, g.sealed_at = SEALED, digest, now
-        g.files, g.bytes, g.seal_requested, g.late = len(files), nbytes, "", False
+        g.files, g.bytes, g.seal_requested, g.late, g.reason = len(files), nbytes, "", False, ""
         self.stats["groups_sealed"] += 1
         log.info("sealed group %s (%d files, %d bytes) on %s", g.path, len(files), nbytes, event)
         self._purge_trashed(parent(g.path), g)

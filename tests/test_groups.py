@@ -490,6 +490,12 @@ def test_killed_late_writer_leaves_the_sealed_group(mnt: Mount) -> None:
     assert status(g) == "sealed"
     assert sorted(os.listdir(g)) == ["model.pt", "optimizer.pt", "trainer_state.json"]  # the torn file is gone
     assert manifest_files(mnt, g) == ["model.pt", "optimizer.pt", "trainer_state.json"]
+    # the killed late writer says nothing about the next change: a live re-save is not torn
+    torch.save({"w": torch.full((64,), 9.0)}, g / "model.pt")
+    time.sleep(1.5)  # the housekeeper's sweep runs every second
+    assert status(g) == "open"
+    (g / "trainer_state.json").write_text("{}")
+    assert status(g) == "sealed" and torch.equal(torch.load(g / "model.pt")["w"], torch.full((64,), 9.0))
 
 
 def test_daemon_crash_during_late_write_reseals_in_recovery(tmp_path: Path) -> None:
