@@ -1,5 +1,5 @@
 """Issue 3 acceptance with unmodified framework code on real mounts: HF Trainer, Lightning, DCP
-(ws 1 and 4, gloo), DeepSpeed-style ``latest``, safetensors.
+(ws 1 and 4, gloo), DeepSpeed-style ``latest``, safetensors, NeMo-style ``-unfinished`` marker.
 
 * round trips: save, resume by the framework's own logic, bit-exact (ledger digests), rotation
   keeps what the framework promises, every visible group sealed, and again after a remount;
