@@ -922,11 +922,29 @@ class CkptFS(GroupOps):
                 finally:
                     self.store.close(fd)
             is_dir = on_disk and stat.S_ISDIR(self.store.lstat(old).st_mode)
+            keep = None
+            if on_disk and not is_dir and new in self.records and old in self.records:
+                # a committed file replaced by a rename (safetensors' and DCP's tmp + rename): its
+                # version is kept as a generation, as an overwrite's is (rollback, G11)
+                keep = self.integrity.keep_plan(new, self.records[new])
             if on_disk:
                 dirs = [parent(new), parent(old)]
-                self._note_group_rename(old, new)
-                self._ns_op({"op": "rename", "src": old, "dst": new},
-                            lambda: self.store.rename(old, new), dirs)
+                self._note_group_rename(old, new, caller.pid)
+                entry: dict[str, Any] = {"op": "rename", "src": old, "dst": new}
+                if keep is not None:
+                    entry["keep"] = keep
+
+                def do() -> None:
+                    if keep is not None:
+                        self.integrity.gens.link(new, keep)
+                    try:
+                        self.store.rename(old, new)
+                    except OSError:
+                        if keep is not None:
+                            self.integrity.gens.unlink_quiet(keep)
+                        raise
+
+                self._ns_op(entry, do, dirs)
                 self._groups_renamed(old, new)
             with self.lock:
                 if on_disk:
@@ -934,7 +952,7 @@ class CkptFS(GroupOps):
                     for k in [k for k in self.records if k == new or k.startswith(pre)]:
                         del self.records[k]
                     move_prefix(self.records, old, new)
-                    self.integrity.gens.on_rename(old, new)
+                    self.integrity.gens.on_rename(old, new, keep)
                 displaced = self.pending.get(new)
                 if displaced is not None and displaced.state == "open":
                     displaced.unlinked = True

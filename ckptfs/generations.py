@@ -22,9 +22,11 @@ before it is served.
 
 Invariants: a generation entry always describes the bytes of an earlier
 committed version of the same path; generations follow their path through
-renames made via the mount and are deleted with it (unlink, or a rename that
-replaces it); pruning beyond ``keep`` only deletes files, and recovery
-tolerates a crash anywhere in between.
+renames made via the mount and are deleted with it (unlink, or a rename of a
+directory over it); a committed file replaced by a rename of another committed
+file is kept like an overwritten one (the rename's intent carries ``keep``);
+pruning beyond ``keep`` only deletes files, and recovery tolerates a crash
+anywhere in between.
 """
 
 from __future__ import annotations
@@ -84,6 +86,13 @@ def apply_gen_entry(table: dict[str, list[dict]], e: dict) -> None:
             table.pop(p, None)
     elif op in ("unlink", "symlink"):
         _drop_prefix(table, e["path"])
+    elif op == "rename" and e.get("keep"):  # a committed file replaced by a rename: its history goes on
+        keep = e["keep"]
+        if not isinstance(keep, dict) or not str(keep.get("name", "")).startswith(GEN_DIR + "/"):
+            raise ValueError("bad keep fragment")
+        history = table.pop(e["dst"], [])
+        _drop_prefix(table, e["src"])
+        table[e["dst"]] = [keep, *history]
     elif op == "rename":
         _drop_prefix(table, e["dst"])
         _move_prefix(table, e["src"], e["dst"])
@@ -179,7 +188,15 @@ class Generations:
         for g in _drop_prefix(self.table, path):
             self._remove(g)
 
-    def on_rename(self, old: str, new: str) -> None:
+    def on_rename(self, old: str, new: str, keep: dict | None = None) -> None:
+        """``keep``: the replaced file at ``new`` was kept (its history goes on; ``old``'s ends)."""
+        if keep is not None:
+            history = self.table.pop(new, [])
+            for g in _drop_prefix(self.table, old):
+                self._remove(g)
+            self.table[new] = [GenEntry(keep["name"], FileRecord.from_json(keep["rec"])), *history]
+            self._prune(new)
+            return
         for g in _drop_prefix(self.table, new):
             self._remove(g)
         _move_prefix(self.table, old, new)

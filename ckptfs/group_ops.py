@@ -57,6 +57,7 @@ from .groups import (
     TRASHED,
     GroupState,
     build_manifest,
+    keep_anchor,
     lineage,
     new_group_id,
     remove_seal,
@@ -186,14 +187,18 @@ class GroupOps:
         elif g.seal_requested.startswith(LATE):
             g.seal_requested = ""
 
-    def _note_group_rename(self, old: str, new: str) -> None:
+    def _note_group_rename(self, old: str, new: str, pid: int = 0) -> None:
         """A rename from/into a group (commit_lock held, before it is journaled): renaming onto a file
-        the group holds, or out of the group, is a change; into a new name an addition (G10)."""
+        the group holds, or out of the group, is a change; into a new name an addition (G10).  The
+        renaming process becomes a writer of the group (G7 waits for it)."""
         go, gn = self._group_of(old), self._group_of(new)
         if gn is not None:
             self._reopen(gn, new, replaces=new in self.records or go is not gn)
         if go is not None and go is not gn:
             self._reopen(go, old, replaces=True)
+        for g in (gn, go):
+            if g is not None and g.state == OPEN and pid and procinfo.tgid(pid) not in g.pids:
+                g.pids.append(procinfo.tgid(pid))
 
     def _note_group_unlink(self, path: str) -> None:
         """An unlink inside a late-reopened group (commit_lock held): a sealed group's deletions go
@@ -235,6 +240,8 @@ class GroupOps:
         nbytes = sum(r.size for r in files.values())
         self.journal.append({"op": "group_seal", "path": g.path, "manifest": digest, "time": now,
                              "files": len(files), "bytes": nbytes})
+        if not g.late:  # sealed by a completion event (or explicitly), not a reseal for added files
+            keep_anchor(self.store, g.id)
         g.state, g.manifest_blake3, g.sealed_at = SEALED, digest, now
         g.files, g.bytes, g.seal_requested, g.late, g.reason = len(files), nbytes, "", False, ""
         self.stats["groups_sealed"] += 1

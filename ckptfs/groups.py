@@ -155,9 +155,22 @@ def write_seal(store: BackingStore, gid: str, manifest: bytes) -> str:
     return json.loads(commit)["manifest_blake3"]
 
 
+def keep_anchor(store: BackingStore, gid: str) -> None:
+    """After a seal by a completion event: keep it as ``<id>.anchor.*``, the rollback target of last
+    resort (G11).  Reseals for files added later (G10) leave the anchor alone, so a re-save that
+    first added its tmp files still finds the checkpoint as the framework completed it."""
+    for suffix in (".manifest", ".commit"):  # manifest first: an anchor COMMIT never names a missing one
+        src, dst = f"{GROUPS}/{gid}{suffix}", f"{GROUPS}/{gid}.anchor{suffix}"
+        if store.exists(dst + ".tmp"):
+            store.unlink(dst + ".tmp")
+        store.link(src, dst + ".tmp")
+        store.rename(dst + ".tmp", dst)
+    store.fsync_dir(GROUPS)
+
+
 def remove_seal(store: BackingStore, gid: str) -> None:
     """Delete a group's COMMIT (first) and manifest; a missing one is fine."""
-    for suffix in (".commit", ".manifest", ".prev.commit", ".prev.manifest"):
+    for suffix in (".commit", ".manifest", ".prev.commit", ".prev.manifest", ".anchor.commit", ".anchor.manifest"):
         try:
             store.unlink(f"{GROUPS}/{gid}{suffix}")
         except FileNotFoundError:
@@ -177,10 +190,12 @@ class SealError(Exception):
     """A group's manifest/COMMIT is missing or does not verify."""
 
 
-def read_seal(store: BackingStore, gid: str, prev: bool = False) -> tuple[dict[str, Any], str]:
+def read_seal(store: BackingStore, gid: str, prev: bool | str = False) -> tuple[dict[str, Any], str]:
     """Return (verified manifest, its blake3) of group ``gid``; raise SealError saying what is wrong (G1).
-    ``prev``: the seal before the latest reseal (kept by :func:`write_seal`)."""
-    key = f"{gid}.prev" if prev else gid
+    ``prev``: True or "prev" for the seal before the latest reseal (kept by :func:`write_seal`),
+    "anchor" for the last seal made by a completion event (:func:`keep_anchor`)."""
+    which = "prev" if prev is True else prev or ""
+    key = f"{gid}.{which}" if which else gid
     try:
         commit_b = _read_all(store, f"{GROUPS}/{key}.commit")
     except FileNotFoundError:

@@ -146,19 +146,25 @@ def late(mode: str = "sync") -> Workload:
     return Workload("late" if mode == "sync" else "async_late", mode, run, [group_whole("COMMIT")])
 
 
-def resave(mode: str = "sync") -> Workload:
+def resave(mode: str = "sync", by_rename: bool = False) -> Workload:
     """A sealed group (model.pt, optim.pt, COMMIT), then a re-save into the same directory (both
-    files rewritten, then COMMIT): a crash inside the re-save shows the first seal (G11)."""
+    files rewritten, then COMMIT): a crash inside the re-save shows the first seal (G11).
+    ``by_rename``: the re-save writes each file as ``.tmp`` and renames it over the old one."""
     def run(d: Driver) -> None:
         d.mkdir("step_0")
         for v in (0, 1):
             files = {"model.pt": torch_bytes(600 + v), "optim.pt": torch_bytes(700 + v, 512)}
             for name, data in files.items():
-                d.save(f"step_0/{name}", data)
+                if v and by_rename:
+                    d.save(f"step_0/{name}.tmp", data)
+                    d.rename(f"step_0/{name}.tmp", f"step_0/{name}")
+                else:
+                    d.save(f"step_0/{name}", data)
             d.save("step_0/COMMIT", json.dumps({"files": {n: b3(b) for n, b in files.items()}}).encode(),
                    fsync=not d.sync)
 
-    return Workload("resave" if mode == "sync" else "async_resave", mode, run, [group_whole("COMMIT")])
+    name = "resave_rename" if by_rename else "resave"
+    return Workload(name if mode == "sync" else "async_" + name, mode, run, [group_whole("COMMIT")])
 
 
 def dcp(mode: str = "sync", steps: int = 2, shards: int = 6) -> Workload:
@@ -212,7 +218,8 @@ def workloads(scale: str = "bounded") -> list[Workload]:
     if scale == "full":
         return [single(), overwrite(versions=4), group(steps=3), dcp(steps=3, shards=8),
                 pointer_rotation(steps=6), pointer_rotation("async", steps=6),
-                dcp("async", steps=3, shards=8), late(), late("async"), resave(), resave("async")]
+                dcp("async", steps=3, shards=8), late(), late("async"), resave(), resave("async"),
+                resave(by_rename=True)]
     return [single(), overwrite(), group(steps=1), dcp(steps=2, shards=3), pointer_rotation(steps=3),
             pointer_rotation("async", steps=3), late(), resave()]
 

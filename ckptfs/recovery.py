@@ -390,6 +390,8 @@ def finish_inflight(store: BackingStore, e: dict) -> bool:
         return True
     if op == "rename":
         src, dst = e["src"], e["dst"]
+        if e.get("keep") and store.exists(src) and not _same_file(store, src, dst):
+            link_for_recovery(store, dst, e["keep"])  # the replaced version is kept first (fs.rename)
         if store.exists(src) and _same_file(store, src, dst):
             # the rename's new entry persisted, the removal of the old one did
             # not; rename() between two names of one file does nothing (POSIX)

@@ -45,22 +45,8 @@ def resave_target(g: GroupState) -> str:
     return f"{QUARANTINE}/{g.id}.resave"
 
 
-def rollback_plan(store: BackingStore, files: dict[str, FileRecord], gens: dict[str, list[GenEntry]],
-                  g: GroupState) -> dict[str, Any] | None:
-    """The ``group_rollback`` entry that puts ``g`` back to its last seal, or None if it cannot."""
-    if not g.manifest_blake3 or not g.id:
-        return None  # never sealed: nothing to go back to
-    for prev in (False, True):  # a crash inside the re-save's own seal left the new one half-written
-        try:
-            manifest, digest = read_seal(store, g.id, prev)
-        except (SealError, OSError):
-            continue
-        if digest == g.manifest_blake3:
-            break
-    else:
-        return None
-    seal = "prev" if prev else "current"
-    pre = g.path + "/"
+def _plan_for(manifest: dict[str, Any], files: dict[str, FileRecord], gens: dict[str, list[GenEntry]],
+              pre: str) -> tuple[list[dict[str, Any]], list[str]] | None:
     restore = []
     for rel, rj in sorted(manifest["files"].items()):
         p = pre + rel
@@ -72,9 +58,36 @@ def rollback_plan(store: BackingStore, files: dict[str, FileRecord], gens: dict[
             return None
         restore.append({"path": p, "name": gen.name, "rec": gen.rec.to_json()})
     listed = {pre + rel for rel in manifest["files"]}
-    remove = sorted(k for k in files if k.startswith(pre) and k not in listed)
-    return {"op": OP, "path": g.path, "id": g.id, "seal": seal, "to": resave_target(g), "restore": restore,
-            "remove": remove}
+    return restore, sorted(k for k in files if k.startswith(pre) and k not in listed)
+
+
+def rollback_plan(store: BackingStore, files: dict[str, FileRecord], gens: dict[str, list[GenEntry]],
+                  g: GroupState) -> dict[str, Any] | None:
+    """The ``group_rollback`` entry that puts ``g`` back to its last seal it can rebuild, or None.
+
+    Tried in order: the current seal (if it is the one journaled); the previous one (kept by
+    ``write_seal``; the journaled one when a crash hit the re-save's own seal); the anchor, the
+    last seal by a completion event (``keep_anchor``): a re-save by tmp + rename first adds its
+    tmp files, resealing the group with them (G10), then replaces sealed files, so the newer
+    seals name tmp files that no longer exist."""
+    if not g.manifest_blake3 or not g.id:
+        return None  # never sealed: nothing to go back to
+    journaled = False
+    for which in ("", "prev", "anchor"):
+        try:
+            manifest, digest = read_seal(store, g.id, which)
+        except (SealError, OSError):
+            continue
+        if digest != g.manifest_blake3 and not journaled and which != "anchor":
+            continue  # a half-written new seal, or a prev older than the journaled seal it should be
+        journaled = journaled or digest == g.manifest_blake3
+        plan = _plan_for(manifest, files, gens, g.path + "/")
+        if plan is not None:
+            return {"op": OP, "path": g.path, "id": g.id, "seal": which or "current",
+                    "manifest": digest, "files": len(manifest["files"]),
+                    "bytes": sum(int(r.get("size", 0)) for r in manifest["files"].values()),
+                    "to": resave_target(g), "restore": plan[0], "remove": plan[1]}
+    return None
 
 
 def _makedirs(store: BackingStore, d: str, made: set[str]) -> None:
@@ -140,9 +153,9 @@ def apply_rollback(store: BackingStore, e: dict[str, Any]) -> bool:
             dirty.add(os.path.dirname(name))
     for p in e["remove"]:
         aside(p)
-    if e.get("seal") == "prev":  # the re-save's own seal was half-written: the previous one is current again
+    if e.get("seal") in ("prev", "anchor"):  # an older seal becomes the current one again
         for suffix in (".manifest", ".commit"):  # manifest first: a COMMIT never names a missing manifest
-            src, dst = f"{GROUPS}/{e['id']}.prev{suffix}", f"{GROUPS}/{e['id']}{suffix}"
+            src, dst = f"{GROUPS}/{e['id']}.{e['seal']}{suffix}", f"{GROUPS}/{e['id']}{suffix}"
             if store.exists(src) and not _same_inode(store, src, dst):
                 if store.exists(dst + ".tmp"):
                     store.unlink(dst + ".tmp")
@@ -194,3 +207,5 @@ def apply_rollback_state(files: dict[str, FileRecord], groups: dict[str, GroupSt
     g = groups.get(e["path"])
     if g is not None and g.state in (OPEN, SEALED):
         g.state, g.late, g.reason, g.seal_requested = SEALED, False, "", ""
+        g.manifest_blake3 = e.get("manifest", g.manifest_blake3)
+        g.files, g.bytes = int(e.get("files", g.files)), int(e.get("bytes", g.bytes))

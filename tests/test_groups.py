@@ -613,6 +613,21 @@ def test_torn_resave_rolls_back_to_the_seal_live(mnt: Mount) -> None:
     mnt.start()
 
 
+def test_torn_resave_by_tmp_and_rename_rolls_back(mnt: Mount) -> None:
+    """G11 when the re-save replaces files by tmp + rename (safetensors, DCP's .metadata): the file
+    replaced by the rename is kept as a generation, so the group still goes back to its seal."""
+    d = mnt.path
+    save_hf_like(d, 1)
+    g = d / "checkpoint-1"
+    run_py(f"import os, torch; torch.save({{'w': torch.zeros(64)}}, {str(g / '.tmp.model')!r}); "
+           f"os.rename({str(g / '.tmp.model')!r}, {str(g / 'model.pt')!r})")  # then exits
+    deadline = time.monotonic() + 10
+    while status(g) != "sealed" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert_rolled_back(g)
+    assert json.loads(os.getxattr(d, "user.ckptfs.stats"))["groups_rolled_back"] == 1
+
+
 @pytest.mark.parametrize("crash_in_recovery", [False, True])
 def test_torn_resave_rolls_back_after_daemon_crash(tmp_path: Path, crash_in_recovery: bool) -> None:
     d = tmp_path / "ckpts"
