@@ -3,12 +3,14 @@ ordering, committed-only view, retention, CLI (ls/show/seal/gc/verify)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -453,6 +455,26 @@ def manifest_files(m: Mount, g: Path) -> list[str]:
     return sorted(json.loads(cli("show", str(g)).stdout)["manifest_files"])
 
 
+def wait_sealed(g: Path, timeout: float = 10.0) -> None:
+    """Until the group at g is sealed (a torn group's rollback or reseal runs within a second)."""
+    deadline = time.monotonic() + timeout
+    while status(g) != "sealed" and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def writer_mid_file(code: str, arg: Path) -> Iterator[subprocess.Popen]:
+    """A process running ``code`` (argv[1] = arg) that has printed "writing" with a file open;
+    SIGKILLed and reaped when the block ends."""
+    w = subprocess.Popen([sys.executable, "-c", code, str(arg)], stdout=subprocess.PIPE, text=True, env=_env())
+    try:
+        assert w.stdout is not None and w.stdout.readline().strip() == "writing"
+        yield w
+    finally:
+        w.kill()
+        w.wait()
+
+
 def test_file_added_after_seal_reseals_the_group(mnt: Mount) -> None:
     """G10: older transformers write rng_state.pth after trainer_state.json; a file added to a sealed
     group must not make it torn when the writer exits: the group is resealed with it."""
@@ -476,17 +498,9 @@ def test_killed_late_writer_leaves_the_sealed_group(mnt: Mount) -> None:
     d = mnt.path
     save_hf_like(d, 1)
     g = d / "checkpoint-1"
-    w = subprocess.Popen([sys.executable, "-c", LATE_WRITER, str(g / "rng_state.pth")], stdout=subprocess.PIPE,
-                         text=True)
-    try:
-        assert w.stdout is not None and w.stdout.readline().strip() == "writing"
+    with writer_mid_file(LATE_WRITER, g / "rng_state.pth"):
         assert status(g) == "open"
-    finally:
-        w.kill()
-        w.wait()
-    deadline = time.monotonic() + 10
-    while status(g) != "sealed" and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_sealed(g)
     assert status(g) == "sealed"
     assert sorted(os.listdir(g)) == ["model.pt", "optimizer.pt", "trainer_state.json"]  # the torn file is gone
     assert manifest_files(mnt, g) == ["model.pt", "optimizer.pt", "trainer_state.json"]
@@ -506,15 +520,9 @@ def test_daemon_crash_during_late_write_reseals_in_recovery(tmp_path: Path) -> N
         save_hf_like(d, 1)
         g = d / "checkpoint-1"
         (g / "NOTES").write_text("added after the seal")  # committed, group resealed
-        w = subprocess.Popen([sys.executable, "-c", LATE_WRITER, str(g / "rng_state.pth")],
-                             stdout=subprocess.PIPE, text=True)
-        try:
-            assert w.stdout is not None and w.stdout.readline().strip() == "writing"
+        with writer_mid_file(LATE_WRITER, g / "rng_state.pth"):
             (d / "x.txt").write_text("1")  # ... while the group is open again
             m.kill(detach=False)
-        finally:
-            w.kill()
-            w.wait()
         m.detach()
         m.start()
         assert status(g) == "sealed"
@@ -584,20 +592,11 @@ def test_torn_resave_rolls_back_to_the_seal_live(mnt: Mount) -> None:
     save_hf_like(d, 1)
     g = d / "checkpoint-1"
     run_py(f"import torch; torch.save({{'w': torch.zeros(64)}}, {str(g / 'model.pt')!r})")  # exits after
-    deadline = time.monotonic() + 10
-    while status(g) != "sealed" and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_sealed(g)
     assert_rolled_back(g)
-    w = subprocess.Popen([sys.executable, "-c", RESAVE, str(g)], stdout=subprocess.PIPE, text=True, env=_env())
-    try:
-        assert w.stdout is not None and w.stdout.readline().strip() == "writing"
+    with writer_mid_file(RESAVE, g):
         assert status(g) == "open"
-    finally:
-        w.kill()
-        w.wait()
-    deadline = time.monotonic() + 10
-    while status(g) != "sealed" and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_sealed(g)
     assert_rolled_back(g)
     stats = json.loads(os.getxattr(d, "user.ckptfs.stats"))
     assert stats["groups_rolled_back"] == 2
@@ -621,9 +620,7 @@ def test_torn_resave_by_tmp_and_rename_rolls_back(mnt: Mount) -> None:
     g = d / "checkpoint-1"
     run_py(f"import os, torch; torch.save({{'w': torch.zeros(64)}}, {str(g / '.tmp.model')!r}); "
            f"os.rename({str(g / '.tmp.model')!r}, {str(g / 'model.pt')!r})")  # then exits
-    deadline = time.monotonic() + 10
-    while status(g) != "sealed" and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_sealed(g)
     assert_rolled_back(g)
     assert json.loads(os.getxattr(d, "user.ckptfs.stats"))["groups_rolled_back"] == 1
 
@@ -636,13 +633,8 @@ def test_torn_resave_rolls_back_after_daemon_crash(tmp_path: Path, crash_in_reco
     try:
         save_hf_like(d, 1)
         g = d / "checkpoint-1"
-        w = subprocess.Popen([sys.executable, "-c", RESAVE, str(g)], stdout=subprocess.PIPE, text=True, env=_env())
-        try:
-            assert w.stdout is not None and w.stdout.readline().strip() == "writing"
+        with writer_mid_file(RESAVE, g):
             m.kill(detach=False)
-        finally:
-            w.kill()
-            w.wait()
         m.detach()
         if crash_in_recovery:
             m.env = {"CKPTFS_CRASH_AT": "rollback_logged"}
