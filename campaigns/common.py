@@ -24,14 +24,14 @@ for _p in (ROOT, ROOT / "tests", WORKLOADS):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from conftest import Mount, _env, fusermount  # noqa: E402
+from conftest import LineServer, Mount, _env, fusermount  # noqa: E402
 
 __all__ = ["ROOT", "WORKLOADS", "Mount", "_env", "fusermount", "ForkServer", "wilson", "machine", "dump",
            "killed_by", "no_fuse_mounts_under", "workload",
            "interruptible"]
 
 
-class ForkServer:
+class ForkServer(LineServer):
     """Client of ``tests/workloads/forkserver.py``: fork workers without re-importing torch."""
 
     def __init__(self, *modules: str) -> None:
@@ -43,22 +43,9 @@ class ForkServer:
             self.close()
             raise RuntimeError(f"fork server failed to start: {ready!r}")
 
-    def ask(self, line: str) -> str:
-        assert self.p.stdin and self.p.stdout
-        self.p.stdin.write(line + "\n")
-        self.p.stdin.flush()
-        reply = self.p.stdout.readline().strip()
-        if not reply:
-            raise RuntimeError(f"fork server died (exit {self.p.poll()}) on {line!r}")
-        return reply
-
     def call(self, func: str, *args: object) -> int:
         """Fork a child running ``func(*args)``; return its pid."""
         return int(self.ask(f"call {func} {json.dumps(list(args))}").split()[1])
-
-    def reap(self, pid: int) -> int:
-        """Wait for a child; return its raw wait status."""
-        return int(self.ask(f"reap {pid}").split()[1])
 
     def run(self, func: str, *args: object) -> float:
         """Run ``func(*args)`` to completion in a child; return seconds; raise if it failed."""
@@ -67,17 +54,6 @@ class ForkServer:
         if status != 0:
             raise RuntimeError(f"{func}{args} failed with wait status {status}")
         return time.perf_counter() - t0
-
-    def close(self) -> None:
-        if self.p.stdin:
-            self.p.stdin.close()
-        try:
-            self.p.wait(30)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-            self.p.wait()
-        if self.p.stdout:
-            self.p.stdout.close()
 
     def __enter__(self) -> ForkServer:
         return self

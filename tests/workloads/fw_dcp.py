@@ -20,6 +20,7 @@ import re
 import shutil
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import fwlib
 
@@ -34,7 +35,6 @@ from torch.distributed.tensor import DTensor, Shard  # noqa: E402
 ROWS, COLS = 256, 512  # 512 KiB per full fp32 tensor
 NAMES = ("model.w1", "model.w2", "opt.m", "opt.v")
 KEEP = 2
-STEP_RE = re.compile(r"^step-(\d+)$")
 
 
 def shard(full: dict[str, torch.Tensor], step: int, mesh: DeviceMesh) -> dict:
@@ -54,10 +54,26 @@ def advance(full: dict[str, torch.Tensor], step: int, seed: int) -> dict[str, to
     return {k: v * 0.9 + torch.randn(ROWS, COLS, generator=g) for k, v in full.items()}
 
 
-def newest_step(d: str) -> int | None:
-    """torchtitan-style choice: the highest ``step-K`` directory."""
-    steps = [int(m.group(1)) for n in (os.listdir(d) if os.path.isdir(d) else []) if (m := STEP_RE.match(n))]
-    return max(steps) if steps else None
+@dataclass(frozen=True)
+class Layout:
+    """How a DCP-based framework names, saves and retires its step checkpoints in ``dir``."""
+
+    fmt: str  # the directory of step N: fmt.format(N)
+    save: Callable[[str, dict, int], None]  # (path, state, rank): every rank calls it
+    remove: Callable[[str], None] = shutil.rmtree  # rank 0, for each step beyond the newest KEEP
+    prepare: Callable[[str], None] | None = None  # rank 0, before a train job chooses its checkpoint
+
+    def steps(self, d: str) -> list[int]:
+        rx = re.compile("^" + re.escape(self.fmt).replace(r"\{\}", r"(\d+)") + "$")
+        return sorted(int(m.group(1)) for n in (os.listdir(d) if os.path.isdir(d) else []) if (m := rx.match(n)))
+
+    def newest(self, d: str) -> str | None:
+        """torchtitan-style choice: the highest step directory (no completeness check of its own)."""
+        s = self.steps(d)
+        return f"{d}/{self.fmt.format(s[-1])}" if s else None
+
+
+DCP = Layout("step-{}", lambda path, state, rank: dcp.save(state, checkpoint_id=path))
 
 
 def load(path: str, mesh: DeviceMesh) -> tuple[int, dict[str, torch.Tensor]]:
@@ -66,11 +82,14 @@ def load(path: str, mesh: DeviceMesh) -> tuple[int, dict[str, torch.Tensor]]:
     return int(state["step"]), gather(state)
 
 
-def rank_main(rank: int, a: dict, job: str) -> None:
+def rank_job(rank: int, a: dict, job: str, layout: Layout = DCP) -> None:
     dist.init_process_group("gloo", init_method="file://" + a["store"], rank=rank, world_size=a["ws"])
     mesh = init_device_mesh("cpu", (a["ws"],))
     d, seed = a["dir"], a.get("seed", 0)
-    chosen = a.get("ckpt") or (f"{d}/step-{s}" if (s := newest_step(d)) is not None else None)
+    if job == "train" and layout.prepare and rank == 0:
+        layout.prepare(d)
+    dist.barrier()
+    chosen = a.get("ckpt") or layout.newest(d)
     step0, full = load(chosen, mesh) if chosen else (0, {k: torch.zeros(ROWS, COLS) for k in NAMES})
     dg = fwlib.digest({"state": full, "step": torch.tensor(step0)})
     if job == "resume":
@@ -88,15 +107,18 @@ def rank_main(rank: int, a: dict, job: str) -> None:
             saved = fwlib.digest({"state": gather(state), "step": state["step"]})  # a collective: every rank
             if ledger:
                 ledger.append(ev="begin", step=step, digest=saved)
-            dcp.save(state, checkpoint_id=f"{d}/step-{step}")
+            layout.save(f"{d}/{layout.fmt.format(step)}", state, rank)
             if rank == 0:
-                kept = sorted(int(m.group(1)) for n in os.listdir(d) if (m := STEP_RE.match(n)))
-                for old in kept[:-KEEP]:
-                    shutil.rmtree(f"{d}/step-{old}")
+                for old in layout.steps(d)[:-KEEP]:
+                    layout.remove(f"{d}/{layout.fmt.format(old)}")
             dist.barrier()
             if ledger:
                 ledger.append(ev="end", step=step)
     dist.destroy_process_group()
+
+
+def rank_main(rank: int, a: dict, job: str) -> None:
+    rank_job(rank, a, job, DCP)
 
 
 def run_ranks(a: dict, job: str, main: Callable[[int, dict, str], None] | None = None) -> None:

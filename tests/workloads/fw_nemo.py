@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 
 import fw_dcp
@@ -29,11 +28,8 @@ fwlib.setup_env()
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
-from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 
-KEEP = 2
 SUFFIX = "-unfinished"
-DIR_RE = re.compile(r"^model--step=(\d+)$")
 
 
 def marker(path: str) -> str:
@@ -51,11 +47,6 @@ def remove_unfinished(d: str) -> None:
             shutil.rmtree(ck)
     for n in markers:
         os.remove(os.path.join(d, n))
-
-
-def newest(d: str) -> str | None:
-    steps = [int(m.group(1)) for n in (os.listdir(d) if os.path.isdir(d) else []) if (m := DIR_RE.match(n))]
-    return f"{d}/model--step={max(steps)}" if steps else None
 
 
 def save(path: str, state: dict, rank: int) -> None:
@@ -82,41 +73,11 @@ def remove_checkpoint(path: str) -> None:
     os.remove(marker(path))
 
 
+NEMO = fw_dcp.Layout("model--step={}", save, remove_checkpoint, remove_unfinished)
+
+
 def rank_main(rank: int, a: dict, job: str) -> None:
-    dist.init_process_group("gloo", init_method="file://" + a["store"], rank=rank, world_size=a["ws"])
-    mesh = init_device_mesh("cpu", (a["ws"],))
-    d, seed = a["dir"], a.get("seed", 0)
-    if job == "train" and rank == 0:
-        remove_unfinished(d)
-    dist.barrier()
-    chosen = a.get("ckpt") or newest(d)
-    step0, full = fw_dcp.load(chosen, mesh) if chosen else (0, {k: torch.zeros(fw_dcp.ROWS, fw_dcp.COLS)
-                                                                for k in fw_dcp.NAMES})
-    dg = fwlib.digest({"state": full, "step": torch.tensor(step0)})
-    if job == "resume":
-        if rank == 0:
-            fwlib.write_result(a["out"], step=step0 if chosen else None, digest=dg if chosen else {})
-    else:
-        ledger = fwlib.Ledger(a["ledger"]) if rank == 0 else None
-        if ledger and chosen:
-            ledger.append(ev="resumed", step=step0, digest=dg)
-        for step in range(step0 + 1, a.get("steps", 10**6) + 1):
-            full = fw_dcp.advance(full, step, seed)
-            if step % a["save_every"]:
-                continue
-            state = fw_dcp.shard(full, step, mesh)
-            saved = fwlib.digest({"state": fw_dcp.gather(state), "step": state["step"]})
-            if ledger:
-                ledger.append(ev="begin", step=step, digest=saved)
-            save(f"{d}/model--step={step}", state, rank)
-            if rank == 0:
-                kept = sorted(int(m.group(1)) for n in os.listdir(d) if (m := DIR_RE.match(n)))
-                for old in kept[:-KEEP]:
-                    remove_checkpoint(f"{d}/model--step={old}")
-            dist.barrier()
-            if ledger:
-                ledger.append(ev="end", step=step)
-    dist.destroy_process_group()
+    fw_dcp.rank_job(rank, a, job, NEMO)
 
 
 def train(a: dict) -> None:

@@ -37,7 +37,7 @@ sys.path.insert(0, str(WL))
 sys.path.insert(0, str(WL.parent))
 
 import fwlib  # noqa: E402
-from conftest import Mount, _env  # noqa: E402
+from conftest import LineServer, Mount, _env  # noqa: E402
 
 STATUS = "user.ckptfs.status"
 
@@ -65,7 +65,7 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
 )}
 
 
-class Server:
+class Server(LineServer):
     """Client of a ``fwlib.serve`` fork server running one workload script (imports paid once)."""
 
     def __init__(self, fw: Framework, errlog: Path) -> None:
@@ -75,20 +75,11 @@ class Server:
         self.errlog = errlog
         assert self.ask("ping") == "pong", "fork server did not start"
 
-    def ask(self, line: str) -> str:
-        assert self.p.stdin and self.p.stdout
-        self.p.stdin.write(line + "\n")
-        self.p.stdin.flush()
-        out = self.p.stdout.readline().strip()
-        if not out:
-            raise RuntimeError(f"fork server died; stderr tail:\n{self.tail()}")
-        return out
+    def died(self, line: str) -> str:
+        return f"fork server died on {line!r}; stderr tail:\n{self.tail()}"
 
     def start(self, job: str, args: dict) -> int:
         return int(self.ask(f"run {job} {json.dumps(args)}").split()[1])
-
-    def reap(self, pid: int) -> int:
-        return int(self.ask(f"reap {pid}").split()[1])
 
     def run(self, job: str, args: dict) -> None:
         """Run a job to completion; raise with the server's stderr tail if it failed."""
@@ -101,13 +92,7 @@ class Server:
         return self.errlog.read_bytes()[-n:].decode(errors="replace")
 
     def close(self) -> None:
-        if self.p.stdin:
-            self.p.stdin.close()
-        try:
-            self.p.wait(30)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-            self.p.wait()
+        super().close()
         self.err.close()
 
 
