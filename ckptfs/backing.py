@@ -84,6 +84,9 @@ class BackingStore(Protocol):
     def rename(self, src: str, dst: str) -> None: ...
     def link(self, src: str, dst: str) -> None: ...
     def symlink(self, target: str, path: str) -> None: ...
+    def mknod(self, path: str, mode: int, dev: int = 0) -> None: ...
+    def fchown(self, fd: int, uid: int, gid: int) -> None: ...
+    def fchmod(self, fd: int, mode: int) -> None: ...
     def readlink(self, path: str) -> str: ...
     def fsync_dir(self, path: str) -> None: ...
     def chmod(self, path: str, mode: int) -> None: ...
@@ -222,6 +225,10 @@ class OsBackingStore:
     def symlink(self, target: str, path: str) -> None:
         os.symlink(target, path, dir_fd=self.root_fd)
 
+    def mknod(self, path: str, mode: int, dev: int = 0) -> None:
+        """A fifo, socket or device node (mode carries the type bits)."""
+        os.mknod(path, mode, dev, dir_fd=self.root_fd)
+
     def readlink(self, path: str) -> str:
         return os.readlink(path, dir_fd=self.root_fd)
 
@@ -238,6 +245,12 @@ class OsBackingStore:
     def chown(self, path: str, uid: int, gid: int) -> None:
         os.chown(_rel(path), uid, gid, dir_fd=self.root_fd, follow_symlinks=False)
 
+    def fchown(self, fd: int, uid: int, gid: int) -> None:
+        os.fchown(fd, uid, gid)
+
+    def fchmod(self, fd: int, mode: int) -> None:
+        os.fchmod(fd, mode)
+
     def utime(self, path: str, ns: tuple[int, int] | None) -> None:
         if ns is None:
             os.utime(_rel(path), dir_fd=self.root_fd, follow_symlinks=False)
@@ -251,38 +264,40 @@ class OsBackingStore:
     def _xattr_fd(self, path: str) -> int:
         return os.open(_rel(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=self.root_fd)
 
+    def _xattr_call(self, path: str, fn, *args):  # type: ignore[no-untyped-def]
+        """Run an xattr call on ``path``: through an fd for files and directories; for what cannot be
+        opened safely (symlinks, sockets, fifos, devices) by name through the root fd's /proc link,
+        which reaches the backing directory even under an in-place mount."""
+        try:
+            st = self.lstat(path)
+        except OSError:
+            st = None
+        if st is not None and (st.st_mode & 0o170000) not in (0o100000, 0o040000):
+            if not sys.platform.startswith("linux"):
+                raise OSError(errno.ENOTSUP, "xattrs on special files unsupported here")
+            return fn(f"/proc/self/fd/{self.root_fd}/{_rel(path)}", *args, follow_symlinks=False)
+        fd = self._xattr_fd(path)
+        try:
+            return fn(fd, *args)
+        finally:
+            os.close(fd)
+
     def getxattr(self, path: str, name: str) -> bytes:
         if not hasattr(os, "getxattr"):
             raise OSError(errno.ENOTSUP, "xattrs unsupported")
-        fd = self._xattr_fd(path)
-        try:
-            return os.getxattr(fd, name)
-        finally:
-            os.close(fd)
+        return self._xattr_call(path, os.getxattr, name)
 
     def setxattr(self, path: str, name: str, value: bytes, flags: int) -> None:
         if not hasattr(os, "setxattr"):
             raise OSError(errno.ENOTSUP, "xattrs unsupported")
-        fd = self._xattr_fd(path)
-        try:
-            os.setxattr(fd, name, value, flags)
-        finally:
-            os.close(fd)
+        self._xattr_call(path, os.setxattr, name, value, flags)
 
     def listxattr(self, path: str) -> list[str]:
         if not hasattr(os, "listxattr"):
             return []
-        fd = self._xattr_fd(path)
-        try:
-            return os.listxattr(fd)
-        finally:
-            os.close(fd)
+        return self._xattr_call(path, os.listxattr)
 
     def removexattr(self, path: str, name: str) -> None:
         if not hasattr(os, "removexattr"):
             raise OSError(errno.ENOTSUP, "xattrs unsupported")
-        fd = self._xattr_fd(path)
-        try:
-            os.removexattr(fd, name)
-        finally:
-            os.close(fd)
+        self._xattr_call(path, os.removexattr, name)

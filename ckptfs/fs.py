@@ -26,6 +26,7 @@ import errno
 import json
 import logging
 import os
+import re
 import stat
 import threading
 import time
@@ -78,6 +79,14 @@ def is_view(path: str) -> bool:
     return path == COMMITTED_VIEW or path.startswith(COMMITTED_VIEW + "/")
 
 
+HIDDEN_RE = re.compile(r"\.fuse_hidden[0-9a-f]{16}")
+
+
+def is_hidden_name(path: str) -> bool:
+    """libfuse's name for an open file that was unlinked or replaced (``hard_remove`` off)."""
+    return HIDDEN_RE.fullmatch(os.path.basename(path)) is not None
+
+
 def reserved(path: str) -> bool:
     return is_meta(path) or is_view(path)
 
@@ -120,6 +129,7 @@ class CkptFS(GroupOps):
         self.queued: dict[str, Version] = {}  # path -> newest sealed version awaiting install (async)
         self.async_failures: list[tuple[str, OSError]] = []  # reported by the next fsyncdir
         self.handles: dict[int, Handle] = {}
+        self.hidden: dict[str, str] = {}  # libfuse's .fuse_hidden name of an open, unlinked file -> its old path
         self._next_fh = 1
         self.stats: collections.Counter[str] = collections.Counter()
         self._as_root = hasattr(os, "geteuid") and os.geteuid() == 0
@@ -241,9 +251,15 @@ class CkptFS(GroupOps):
         if is_view(path):
             return self._st(self.store.lstat(self._view_real(path)))
         if fh is not None and fh in self.handles:
+            # fstat of an open file answers from its handle: it keeps working after the name is
+            # unlinked or replaced (the handle keeps the old inode, as natively)
             h = self.handles[fh]
-            if h.version is not None:
+            if h.version is not None and h.version.fd >= 0:
                 return self._st(self.store.fstat(h.version.fd))
+            if h.fd is not None:
+                return self._st(self.store.fstat(h.fd))
+        if path in self.hidden:
+            return self._st(self.store.fstat(self._hidden_fd(path)))
         self._check_visible(path)
         v = self._visible(path)
         if v is not None:
@@ -304,15 +320,53 @@ class CkptFS(GroupOps):
     def _staging_name(self) -> str:
         return f"{STAGING}/{uuid.uuid4().hex}"
 
+    def _new_owner(self, path: str, caller: Caller) -> tuple[int, int]:
+        """Owner of a new file, directory, node or link at ``path``, as the kernel gives it natively:
+        the caller's uid, and the caller's gid unless the parent directory is setgid (then its gid)."""
+        gid = caller.gid
+        try:
+            pst = self.store.lstat(parent(path))
+            if pst.st_mode & stat.S_ISGID:
+                gid = pst.st_gid
+        except OSError:
+            pass
+        return caller.uid, gid
+
+    def _set_new_owner(self, path: str, caller: Caller) -> None:
+        """chown a just-created directory, node or symlink at ``path`` to its native owner."""
+        if not self._as_root:
+            return
+        uid, gid = self._new_owner(path, caller)
+        st = self.store.lstat(path)
+        if (st.st_uid, st.st_gid) != (uid, gid):
+            self.store.chown(path, uid, gid)
+            if stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISGID:
+                self.store.chmod(path, stat.S_IMODE(st.st_mode))  # keep the inherited setgid bit
+
     def _new_version(self, path: str, mode: int, caller: Caller, src: Version | None = None,
-                     src_fd: int | None = None) -> Version:
-        """Create a staged version of ``path``; cloned from src/src_fd if given."""
+                     src_fd: int | None = None, like: os.stat_result | None = None,
+                     xattrs_from: str | None = None) -> Version:
+        """Create a staged version of ``path``; cloned from src/src_fd if given.
+
+        Invariant (transparency): a new version of an existing file (``like``: the stat of the
+        version it replaces) gets that file's owner, group, mode and extended attributes
+        (``xattrs_from``: the backing path holding them), so a rewrite through the mount changes
+        the bytes only, as an in-place write does natively.  A new file gets exactly the requested
+        mode (the kernel has applied the caller's umask; the daemon runs with umask 0) and the
+        owner :meth:`_new_owner` gives."""
         name = self._staging_name()
-        fd = self.store.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL, stat.S_IMODE(mode) or 0o644)
+        fd = self.store.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         v = Version(path=path, staging=name, fd=fd)
         try:
-            if self._as_root and (caller.uid or caller.gid):
-                os.fchown(fd, caller.uid, caller.gid)
+            if like is not None:
+                uid, gid, perm = like.st_uid, like.st_gid, stat.S_IMODE(like.st_mode)
+            else:
+                (uid, gid), perm = self._new_owner(path, caller), stat.S_IMODE(mode)
+            if self._as_root:
+                self.store.fchown(fd, uid, gid)
+            self.store.fchmod(fd, perm)  # after the chown, which clears setuid/setgid
+            if xattrs_from is not None:
+                self._copy_xattrs(xattrs_from, name)
             if src is not None:
                 self.store.copy_range(src.fd, fd, src.size)
                 v.size = src.size
@@ -326,6 +380,18 @@ class CkptFS(GroupOps):
             self._drop_staging(v)
             raise
         return v
+
+    def _copy_xattrs(self, src: str, dst: str) -> None:
+        """Copy every extended attribute (user.*, ACLs, security.*) of backing path src to dst."""
+        try:
+            names = self.store.listxattr(src)
+        except OSError:
+            return
+        for n in names:
+            try:
+                self.store.setxattr(dst, n, self.store.getxattr(src, n), 0)
+            except OSError as e:
+                log.debug("xattr %s of %s not copied to its new version: %s", n, src, e)
 
     def _drop_staging(self, v: Version) -> None:
         try:
@@ -351,7 +417,8 @@ class CkptFS(GroupOps):
                 raise _err(errno.EEXIST)
             if not self.store.exists(parent(path)):
                 raise _err(errno.ENOENT)
-        v = self._new_version(path, mode, caller)
+        like, xsrc = self._existing_attrs(path)
+        v = self._new_version(path, mode, caller, like=like, xattrs_from=xsrc)
         with self.lock:
             old = self.pending.get(path)
             if old is not None and old.state == "open":
@@ -377,8 +444,9 @@ class CkptFS(GroupOps):
         with self.lock:
             v = self._visible(path)
             if writable and flags & os.O_TRUNC:
-                mode = self._stat_or_stale(path)["st_mode"]
-                nv = self._new_version(path, mode, caller)
+                self._stat_or_stale(path)
+                like, xsrc = self._existing_attrs(path)
+                nv = self._new_version(path, 0, caller, like=like, xattrs_from=xsrc)
                 if v is not None and v.state == "open":
                     v.unlinked = True
                 self.pending[path] = nv
@@ -395,6 +463,21 @@ class CkptFS(GroupOps):
         fd, chk = self.integrity.open_committed(path, self.store.open(path, os.O_RDONLY))  # EIO if corrupt
         self.integrity.bind(fd, chk)
         return self._new_fh(Handle(path=path, writable=writable, fd=fd, append=bool(flags & os.O_APPEND)))
+
+    def _existing_attrs(self, path: str) -> tuple[os.stat_result | None, str | None]:
+        """(stat, backing path of its xattrs) of the version a new one of ``path`` replaces, if any."""
+        with self.lock:
+            v = self._visible(path)
+        if v is not None:
+            try:
+                return self.store.fstat(v.fd), v.staging
+            except OSError:
+                pass
+        try:
+            st = self.store.lstat(path)
+        except OSError:
+            return None, None
+        return (st, path) if stat.S_ISREG(st.st_mode) else (None, None)
 
     def _stat_or_stale(self, path: str) -> dict[str, Any]:
         """getattr for open(); a missing path gives ESTALE, not ENOENT.
@@ -423,11 +506,13 @@ class CkptFS(GroupOps):
             if v is not None and v.state == "open":
                 return v
             if v is not None:
-                nv = self._new_version(h.path, self.store.fstat(v.fd).st_mode, caller, src=v)
+                nv = self._new_version(h.path, 0, caller, src=v, like=self.store.fstat(v.fd),
+                                       xattrs_from=v.staging if self.store.exists(v.staging) else None)
             else:
                 assert h.fd is not None
                 self.integrity.before_clone(h.fd)  # never launder corrupt bytes into a new commit
-                nv = self._new_version(h.path, self.store.fstat(h.fd).st_mode, caller, src_fd=h.fd)
+                nv = self._new_version(h.path, 0, caller, src_fd=h.fd, like=self.store.fstat(h.fd),
+                                       xattrs_from=h.path if self.store.exists(h.path) else None)
             with self.lock:
                 if v is not None:
                     v.refs -= 1
@@ -437,6 +522,11 @@ class CkptFS(GroupOps):
                     self.integrity.forget(h.fd)
                     self.store.close(h.fd)
                     h.fd = None
+                if h.path in self.hidden:
+                    nv.unlinked = True  # written after its name was unlinked: never installed
+                    nv.refs = nv.writers = 1
+                    h.version = nv
+                    return nv
                 cur = self.pending.get(h.path)
                 if cur is not None and cur is not v and cur.state == "open":
                     cur.unlinked = True
@@ -536,14 +626,21 @@ class CkptFS(GroupOps):
         except OSError as e:
             log.warning("could not log abort: %s", e)
 
-    def _seal(self, v: Version) -> None:
-        """Freeze v and fill in its record; raise EIO if incomplete.  Holds v.lock."""
+    def _seal(self, v: Version, at_fsync: bool = False) -> bool:
+        """Freeze v and fill in its record; raise EIO if incomplete.  Holds v.lock.
+
+        ``at_fsync``: an incomplete file is not refused but left open (returns False): the
+        application fsyncs a file it has not finished (its close decides, once, with one error and
+        one log entry)."""
         st = self.store.fstat(v.fd)
         size = v.size = st.st_size
         if self.check_formats:
             reason = formats.check(self.store, v.fd, size, os.path.basename(v.path))
+            if reason and at_fsync:
+                return False
             if reason:
                 self._abort(v, reason)
+                self._group_write_refused(v.path, reason)
                 raise _err(errno.EIO, f"ckptfs: refusing to commit incomplete {v.path}: {reason}")
         got = v.digest.finish(size)
         if got is None:
@@ -561,6 +658,7 @@ class CkptFS(GroupOps):
                 self.queued[v.path] = v
         else:
             v.state = "committing"
+        return True
 
     def _install(self, v: Version) -> None:
         """Make v durable and install it at v.path.  Caller holds commit_lock."""
@@ -621,13 +719,17 @@ class CkptFS(GroupOps):
         if self.journal.entries_since_snapshot >= COMPACT_EVERY:
             self.journal.compact(self.records, list(self.aborts), self._groups_json())
 
-    def _commit(self, v: Version, caller: Caller, wait: bool) -> None:
-        """Seal and commit v (sync: inline; async: queued, optionally waited)."""
+    def _commit(self, v: Version, caller: Caller, wait: bool, at_fsync: bool = False) -> bool:
+        """Seal and commit v (sync: inline; async: queued, optionally waited).
+
+        Returns False only for ``at_fsync`` when v is an incomplete known-format file: it stays
+        open (staged), nothing is logged, and the caller makes its staged bytes durable."""
         with v.lock:
             if v.state != "open" or not v.dirty:
                 sealed = False
             else:
-                self._seal(v)
+                if not self._seal(v, at_fsync):
+                    return False
                 sealed = True
         if sealed and self.committer is None:
             try:
@@ -643,6 +745,7 @@ class CkptFS(GroupOps):
             if v.error is not None:
                 self._reported(v)
                 raise _err(v.error.errno or errno.EIO, str(v.error))
+        return True
 
     def _failed(self, v: Version, e: OSError) -> None:
         """A commit hit an I/O error: the data is treated as lost (never re-fsync)."""
@@ -702,7 +805,14 @@ class CkptFS(GroupOps):
         if v is None:
             return
         if (v.state == "open" and v.dirty and not v.unlinked) or v.state in ("queued", "committing"):
-            self._commit(v, caller, wait=True)
+            # fsync of a file still open for writing installs it as a committed version, durable, like
+            # a close does; a known-format file that is not complete yet (its writer fsyncs half-way)
+            # is not refused here: its staged bytes are made durable, the version stays open, and the
+            # close decides (one error, one log entry).  docs/design.md, "What fsync promises".
+            if not self._commit(v, caller, wait=True, at_fsync=True):
+                with v.lock:
+                    self.store.fdatasync(v.fd)
+                self.stats["fsync_staged"] += 1
         if v.error is not None:
             self._reported(v)
             raise _err(v.error.errno or errno.EIO, str(v.error))
@@ -817,9 +927,8 @@ class CkptFS(GroupOps):
                 raise _err(errno.EEXIST)
 
             def do() -> None:
-                self.store.mkdir(path, mode)
-                if self._as_root and (caller.uid or caller.gid):
-                    self.store.chown(path, caller.uid, caller.gid)
+                self.store.mkdir(path, stat.S_IMODE(mode))
+                self._set_new_owner(path, caller)
 
             self._note_group_mkdir(path, caller.pid)
             self._ns_op({"op": "mkdir", "path": path, "mode": mode}, do, [parent(path)])
@@ -856,8 +965,7 @@ class CkptFS(GroupOps):
 
             def do() -> None:
                 self.store.symlink(target, path)
-                if self._as_root and (caller.uid or caller.gid):
-                    self.store.chown(path, caller.uid, caller.gid)
+                self._set_new_owner(path, caller)
 
             self._ns_op({"op": "symlink", "path": path, "target": target}, do, [parent(path)])
             with self.lock:
@@ -865,6 +973,9 @@ class CkptFS(GroupOps):
 
     def unlink(self, path: str, caller: Caller = NOBODY) -> None:
         path = self.norm(path)
+        with self.lock:
+            if self.hidden.pop(path, None) is not None:
+                return  # libfuse removing a hidden name at the last close: the name was already gone
         self._check_visible(path)
         self._barrier()
         with self.commit_lock:
@@ -893,8 +1004,112 @@ class CkptFS(GroupOps):
                 self.last_abort.pop(path, None)
                 self.integrity.gens.on_unlink(path)
 
+    def mknod(self, path: str, mode: int, dev: int = 0, caller: Caller = NOBODY) -> None:
+        """A fifo, socket or device node (as the backing filesystem allows); a regular file made by
+        mknod(2) is an empty committed file."""
+        path = self.norm(path)
+        if is_view(path):
+            raise _err(errno.EROFS)
+        if is_meta(path) or path == "":
+            raise _err(errno.EACCES)
+        if stat.S_ISREG(mode) or stat.S_IFMT(mode) == 0:
+            fh = self.create(path, stat.S_IMODE(mode), os.O_WRONLY | os.O_CREAT | os.O_EXCL, caller)
+            try:
+                h = self.handles[fh]
+                if h.version is not None:
+                    h.version.dirty = True
+                self.flush(fh, caller)
+            finally:
+                self.release(fh, caller)
+            return
+        if stat.S_IFMT(mode) not in (stat.S_IFIFO, stat.S_IFSOCK, stat.S_IFCHR, stat.S_IFBLK):
+            raise _err(errno.EINVAL)
+        self._barrier()
+        with self.commit_lock:
+            if self._lexists(path):
+                raise _err(errno.EEXIST)
+
+            def do() -> None:
+                self.store.mknod(path, mode, dev)
+                self._set_new_owner(path, caller)
+
+            self._ns_op({"op": "mknod", "path": path, "mode": mode, "dev": dev}, do, [parent(path)])
+            with self.lock:
+                self.records.pop(path, None)
+
+    def link(self, old: str, new: str, caller: Caller = NOBODY) -> None:
+        """A hard link: a new name for a committed file (the same inode, so ``st_nlink`` counts both).
+
+        A later write through either name makes a new version of that name only (ckptfs commits
+        by staging and renaming, as a tool writing tmp + rename does), so the other name keeps the
+        bytes it had: the link is broken by the write.  docs/design.md, "Hard links"."""
+        old, new = self.norm(old), self.norm(new)
+        self._check_visible(old)
+        if is_view(new):
+            raise _err(errno.EROFS)
+        if is_meta(new) or new == "":
+            raise _err(errno.EACCES)
+        self._barrier()
+        with self.commit_lock:
+            if self._lexists(new):
+                raise _err(errno.EEXIST)
+            if not self.store.exists(old):
+                # a file created and still open for writing: natively linkable; here its first
+                # version is not installed yet, so there is no inode to name
+                raise _err(errno.ENOENT if self._visible(old) is None else errno.EBUSY)
+            if stat.S_ISDIR(self.store.lstat(old).st_mode):
+                raise _err(errno.EPERM)
+            self._note_group_link(new, caller.pid)
+            self._ns_op({"op": "link", "src": old, "dst": new}, lambda: self.store.link(old, new),
+                        [parent(new)])
+            with self.lock:
+                if old in self.records:
+                    self.records[new] = self.records[old]
+                else:
+                    self.records.pop(new, None)
+            self._after_install(new)
+
+    def _hidden_fd(self, path: str) -> int:
+        """A backing fd of the open, unlinked file libfuse calls ``path`` (.fuse_hidden...)."""
+        with self.lock:
+            for h in self.handles.values():
+                if h.path == path:
+                    if h.version is not None and h.version.fd >= 0:
+                        return h.version.fd
+                    if h.fd is not None:
+                        return h.fd
+        raise _err(errno.ENOENT)
+
+    def _hide(self, old: str, hidden: str, caller: Caller) -> None:
+        """libfuse renames an open file to a hidden name instead of removing it (``hard_remove``
+        off), so its handles keep a path: fstat, fchmod and reads of an open-then-unlinked or
+        open-then-replaced file work until the last close, as natively.  Nothing named
+        ``.fuse_hidden*`` is ever made in the backing directory: the handles keep the old inode
+        (their fds), the mount lists nothing, and the final unlink of the hidden name is a no-op.
+
+        Before an unlink, the unlink happens now (journaled as usual).  Before a rename over ``old``
+        (a reader holds ``latest`` while the trainer replaces it) nothing happens here: the rename
+        that follows replaces ``old`` atomically.  Which one is read from the caller's blocked
+        system call (procinfo.blocked_in); unknown counts as an unlink (then a rename over an open
+        file is an unlink followed by the rename, not atomic for a crash in between)."""
+        if procinfo.blocked_in(caller.pid) != "rename":
+            self.unlink(old, caller)
+        with self.lock:
+            self.hidden[hidden] = old
+            for h in self.handles.values():
+                if h.path == old:
+                    h.path = hidden
+            for table in (self.pending, self.queued):
+                v = table.get(old)
+                if v is not None and v.state == "open" and any(h.version is v for h in self.handles.values()):
+                    v.unlinked = True  # its name is going: never installed (as a write to an unlinked file)
+
     def rename(self, old: str, new: str, flags: int = 0, caller: Caller = NOBODY) -> None:
         old, new = self.norm(old), self.norm(new)
+        if is_hidden_name(new) and parent(new) == parent(old) and not flags:
+            self._check_visible(old)
+            self._hide(old, new, caller)
+            return
         self._check_visible(old)
         if is_view(new):
             raise _err(errno.EROFS)
@@ -975,11 +1190,17 @@ class CkptFS(GroupOps):
 
     def chmod(self, path: str, mode: int) -> None:
         path = self.norm(path)
+        if path in self.hidden:
+            self.store.fchmod(self._hidden_fd(path), stat.S_IMODE(mode))
+            return
         self._check_visible(path)
-        self.store.chmod(self._attr_target(path), mode)
+        self.store.chmod(self._attr_target(path), stat.S_IMODE(mode))
 
     def chown(self, path: str, uid: int, gid: int) -> None:
         path = self.norm(path)
+        if path in self.hidden:
+            self.store.fchown(self._hidden_fd(path), uid, gid)
+            return
         self._check_visible(path)
         self.store.chown(self._attr_target(path), uid, gid)
 
@@ -1026,8 +1247,9 @@ class CkptFS(GroupOps):
             return out
         if self._visible(path) is None and stat.S_ISDIR(self.store.lstat(path).st_mode):
             out["user.ckptfs.groups"] = self.groups_json_attr(path)
-            if self.rules.dir_rule(os.path.basename(path)) is not None and self._group_of(path) is None:
-                # named like a checkpoint but never a group: written past ckptfs (while unmounted)
+            if (self.rules.dir_rule(os.path.basename(path)) is not None and self._group_of(path) is None
+                    and not self._groupable(path)):
+                # named like a checkpoint, never a group, holding files written past ckptfs (while unmounted)
                 out["user.ckptfs.status"] = "untracked"
             return out
         v = self._visible(path)
@@ -1051,7 +1273,57 @@ class CkptFS(GroupOps):
             out.update(self.integrity.file_attrs(path))  # status=corrupt, error, verified, rollback
         return out
 
-    def getxattr(self, path: str, name: str) -> bytes:
+    ALL_ATTRS = "user.ckptfs.attrs"  # every status attribute of a path, as one JSON object
+
+    def _visible_attrs(self, path: str, caller: Caller) -> dict[str, str]:
+        """Status attributes of ``path`` as ``caller`` may see them.
+
+        The root's aggregate attributes name files anywhere under the mount; a caller other than
+        root or the mount root's owner (``--allow-other``) sees only entries about paths whose
+        directory it may read (``_may_read_dir``).  The kernel (default_permissions) has already
+        checked the caller may read ``path`` itself."""
+        attrs = self._status_attrs(path)
+        if path != "" or caller.uid == 0 or caller is NOBODY:
+            return attrs
+        try:
+            if self.store.lstat("").st_uid == caller.uid:
+                return attrs
+        except OSError:
+            pass
+        for name in ("user.ckptfs.aborts", "user.ckptfs.corrupt"):
+            if name in attrs:
+                try:
+                    events = json.loads(attrs[name])
+                    attrs[name] = json.dumps([e for e in events if isinstance(e, dict)
+                                              and self._may_read_dir(parent(str(e.get("path", ""))), caller)])
+                except ValueError:
+                    attrs[name] = "[]"
+        for name in ("user.ckptfs.metadata", "user.ckptfs.scrub"):
+            attrs.pop(name, None)  # daemon-wide detail (metadata problems, scrub findings): root only
+        return attrs
+
+    def _may_read_dir(self, d: str, caller: Caller) -> bool:
+        """Whether ``caller`` may list directory ``d`` and search every directory above it."""
+        groups = procinfo.groups(caller.pid) | {caller.gid}
+        parts = d.split("/") if d else []
+        for i in range(len(parts) + 1):
+            p = "/".join(parts[:i])
+            try:
+                st = self.store.lstat(p)
+            except OSError:
+                return False
+            want = 0o5 if i == len(parts) else 0o1  # r-x on d itself, x on the ones above
+            if st.st_uid == caller.uid:
+                bits = (st.st_mode >> 6) & 7
+            elif st.st_gid in groups:
+                bits = (st.st_mode >> 3) & 7
+            else:
+                bits = st.st_mode & 7
+            if bits & want != want:
+                return False
+        return True
+
+    def getxattr(self, path: str, name: str, caller: Caller = NOBODY) -> bytes:
         if name == "security.capability":
             raise _err(ENODATA)
         path = self.norm(path)
@@ -1059,23 +1331,29 @@ class CkptFS(GroupOps):
             path = self._view_real(path)
         self._check_visible(path)
         if name.startswith(XATTR_PREFIX):
-            attrs = self._status_attrs(path)
+            attrs = self._visible_attrs(path, caller)
+            if name == self.ALL_ATTRS:
+                return json.dumps(attrs, sort_keys=True).encode()
             if name not in attrs:
                 raise _err(ENODATA)
             return attrs[name].encode()
         return self.store.getxattr(self._attr_target(path), name)
 
     def listxattr(self, path: str) -> list[str]:
+        """The stored attributes only.  ``user.ckptfs.*`` status attributes are virtual: readable by
+        name (``getfattr -n user.ckptfs.status``, ``ckptfs show``) but never listed, so ``cp -a``,
+        ``rsync -aX`` and ``tar --xattrs`` neither copy them nor try to remove them (as CephFS does
+        with its ``ceph.*`` attributes)."""
         path = self.norm(path)
         if is_view(path):
             path = self._view_real(path)
         self._check_visible(path)
-        names = list(self._status_attrs(path))
         try:
-            names += self.store.listxattr(self._attr_target(path))
-        except OSError:
-            pass
-        return names
+            return [n for n in self.store.listxattr(self._attr_target(path)) if not n.startswith(XATTR_PREFIX)]
+        except OSError as e:
+            if e.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+                return []
+            raise
 
     def setxattr(self, path: str, name: str, value: bytes, flags: int, caller: Caller = NOBODY) -> None:
         path = self.norm(path)
@@ -1084,20 +1362,23 @@ class CkptFS(GroupOps):
             self.seal(path, caller.pid)
             return
         if name == CONTROL_GC and path == "":
+            if caller is not NOBODY and caller.uid != 0 and self.store.lstat("").st_uid != caller.uid:
+                raise _err(errno.EPERM, "ckptfs: gc deletes quarantined groups anywhere in the mount: "
+                                        "root or the mount's owner only")
             self.gc()
             return
         if name == CONTROL_XATTR:
             self.integrity.control(path, value)  # verify / scrub on demand (integrity.py)
             return
         if name.startswith(XATTR_PREFIX):
-            raise _err(errno.EPERM)
+            raise _err(errno.EPERM, f"ckptfs: {name} is a read-only status attribute")
         self.store.setxattr(self._attr_target(path), name, value, flags)
 
     def removexattr(self, path: str, name: str) -> None:
         path = self.norm(path)
         self._check_visible(path)
         if name.startswith(XATTR_PREFIX):
-            raise _err(errno.EPERM)
+            raise _err(ENODATA)  # virtual: never stored, so nothing to remove
         self.store.removexattr(self._attr_target(path), name)
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import errno
 import logging
 import os
 import re
@@ -60,7 +59,9 @@ def make_operations(mfusepy: Any, fs: CkptFS) -> Any:
 
         def init_with_config(self, conn: Any, config: Any) -> None:
             if config is not None:
-                config.hard_remove = 1  # unlink really unlinks; no .fuse_hidden files
+                # an open file that is unlinked or replaced is renamed to a hidden name by libfuse, so
+                # fstat/fchmod of it still have a path; fs.CkptFS._hide keeps nothing on disk for it
+                config.hard_remove = 0
                 # No entry/attribute caching: the daemon changes what a path shows behind the kernel's
                 # back (a dying writer's O_TRUNC version unpublished, a torn group quarantined).  A cached
                 # size cut reads short (an empty `latest`, found by the resume campaign); a cached dentry
@@ -160,7 +161,13 @@ def make_operations(mfusepy: Any, fs: CkptFS) -> Any:
             return 0
 
         def link(self, target: str, source: str) -> int:
-            raise OSError(errno.EPERM, "hard links are not supported by ckptfs")
+            # mfusepy passes (new name, existing file)
+            fs.link(source, target, caller())
+            return 0
+
+        def mknod(self, path: str, mode: int, dev: int) -> int:
+            fs.mknod(path, mode, dev, caller())
+            return 0
 
         def chmod(self, path: str, mode: int) -> int:
             fs.chmod(path, mode)
@@ -175,7 +182,7 @@ def make_operations(mfusepy: Any, fs: CkptFS) -> Any:
             return 0
 
         def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
-            return fs.getxattr(path, name)
+            return fs.getxattr(path, name, caller())
 
         def listxattr(self, path: str) -> list[str]:
             return fs.listxattr(path)
@@ -302,6 +309,9 @@ def raise_readahead(target: str, before: list[str], kb: int, timeout: float = 30
 def serve(fs: CkptFS, mountpoint: str, *, allow_other: bool = False, debug: bool = False) -> None:
     """Mount ``fs`` at ``mountpoint`` and serve until unmounted (foreground)."""
     mfusepy = load_mfusepy()
+    # The kernel has applied the caller's umask to the mode of every create/mkdir/mknod it sends
+    # (no FUSE_CAP_DONT_MASK); the daemon must not apply its own on top (open 0620 -> 0600).
+    os.umask(0)
     logging.getLogger("mfusepy").setLevel(logging.DEBUG if debug else logging.ERROR)
     fuse_cls = make_fuse_class(mfusepy)
     opts: dict[str, Any] = {

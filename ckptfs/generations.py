@@ -84,8 +84,10 @@ def apply_gen_entry(table: dict[str, list[dict]], e: dict) -> None:
                 table.pop(r["path"], None)
         for p in e["remove"]:
             table.pop(p, None)
-    elif op in ("unlink", "symlink"):
+    elif op in ("unlink", "symlink", "mknod"):
         _drop_prefix(table, e["path"])
+    elif op == "link":
+        _drop_prefix(table, e["dst"])
     elif op == "rename" and e.get("keep"):  # a committed file replaced by a rename: its history goes on
         keep = e["keep"]
         if not isinstance(keep, dict) or not str(keep.get("name", "")).startswith(GEN_DIR + "/"):

@@ -65,7 +65,7 @@ from .groups import (
 )
 from .recovery import drop_prefix, move_group, move_prefix, parent, quarantine_target, rmtree
 from .rollback import apply_rollback, apply_rollback_state, make_durable, rollback_plan
-from .rules import Rule, parent_and_base, step_of
+from .rules import SIGNATURE_DEPTH, TMP_DIR_RE, Rule, parent_and_base, step_of
 
 log = logging.getLogger("ckptfs.groups")
 
@@ -136,18 +136,39 @@ class GroupOps:
         self.stats["groups_opened"] += 1
         return g
 
+    def _candidate(self, path: str) -> tuple[str, Rule] | None:
+        """(directory, rule) that a new file at ``path`` is evidence of a checkpoint for: a rule's
+        signature file in a directory (or up to SIGNATURE_DEPTH levels below one) whose name the
+        rule's pattern matches, or a content-rule file (DCP shard) in any directory."""
+        d, base = parent_and_base(path)
+        if not d:
+            return None
+        rule = self.rules.content_rule(base)
+        if rule is not None:
+            return d, rule
+        cur = d
+        for _ in range(SIGNATURE_DEPTH + 1):
+            if not cur:
+                return None
+            rule = self.rules.evidence_rule(os.path.basename(cur), base)
+            if rule is not None:
+                return cur, rule
+            cur = parent(cur)
+        return None
+
     def _note_group_write(self, path: str, pid: int) -> None:
-        """A version of file ``path`` is about to be created: open or reopen its group."""
+        """A version of file ``path`` is about to be created: open its group if this file is evidence
+        of a checkpoint (``_candidate``), or reopen the sealed group it changes."""
         g = self._group_of(path)
         if g is None:
-            d, base = parent_and_base(path)
-            if not d:
-                return
-            rule = self.rules.dir_rule(os.path.basename(d)) or self.rules.content_rule(base)
-            if rule is None:
-                return
+            cand = self._candidate(path)
+            if cand is None:
+                return  # not evidence of a checkpoint: an ordinary file in an ordinary directory
+            d, rule = cand
             with self.commit_lock:
                 g = self._group_of(path)
+                if g is None:
+                    g = self._live_group(d)
                 if g is None:
                     if not self._groupable(d):
                         return
@@ -156,15 +177,45 @@ class GroupOps:
             crule = self.rules.content_rule(os.path.basename(path))
             if crule is not None and crule.has_completion_event and not crule.idle_seal:
                 g.rule = crule.name  # e.g. DCP shards in a step_N dir: wait for .metadata, never idle-seal
+            else:
+                erule = self.rules.evidence_rule(os.path.basename(g.path), os.path.basename(path))
+                if erule is not None and erule.has_completion_event and not erule.idle_seal:
+                    g.rule = erule.name  # HF files in a checkpoint-N first opened by a generic .pt
         if g.state == SEALED or (g.late and path in self.records):
             with self.commit_lock:
-                self._reopen(g, path, replaces=path in self.records)
+                self._reopen(g, path, replaces=path in self.records and self._member_evidence(g, path))
         if pid:
             t = procinfo.tgid(pid)
             if t not in g.pids:
                 g.pids.append(t)
         g.last_activity = time.time()
         g.written = True
+
+    def _member_evidence(self, g: GroupState, path: str) -> bool:
+        """Whether ``path`` in g is a checkpoint file of its layout (its rewrite is a re-save that
+        needs the completion event again); a note, log or README rewritten in a sealed group only
+        makes it reseal (G10)."""
+        return self._rule_of(g).signs(os.path.basename(path))
+
+    def _note_group_link(self, new: str, pid: int) -> None:
+        """A hard link ``new`` is about to be made (commit_lock held): an addition to its group (G10)."""
+        g = self._group_of(new)
+        if g is not None and g.state == SEALED:
+            self._reopen(g, new, replaces=new in self.records)
+
+    def _group_write_refused(self, path: str, reason: str) -> None:
+        """An incomplete known-format file was refused at close: evidence its group's save was cut."""
+        g = self._group_of(path)
+        if g is not None and g.state == OPEN:
+            g.refused[path] = reason
+
+    def _sibling_writer(self, path: str, pid: int) -> bool:
+        """Whether process ``pid`` wrote files into a group beside ``path`` (same parent directory)."""
+        if not pid:
+            return False
+        t = procinfo.tgid(pid)
+        d = parent(path)
+        return any(t in s.pids for s in self.groups.values() if s.state in (OPEN, SEALED) and parent(s.path) == d)
 
     def _reopen(self, g: GroupState, path: str, replaces: bool) -> None:
         """G10: a change at ``path`` inside g after its seal (commit_lock held).  ``replaces``: it
@@ -208,12 +259,16 @@ class GroupOps:
             self._reopen(g, path, replaces=True)
 
     def _note_group_mkdir(self, path: str, pid: int) -> None:
-        """A directory was created (commit_lock held): it opens a group if a rule names it."""
+        """A directory was created (commit_lock held).  Its name alone never makes a group; it opens
+        one only when a rule names it *and* its maker wrote into a sibling group (a trainer starting
+        its next save), so that save, killed before its first file, is torn, not an empty
+        directory that resume logic would pick (``made_by_writer``)."""
         if self._group_of(path) is not None:
             return
         rule = self.rules.dir_rule(os.path.basename(path))
-        if rule is not None:
-            self._open_group(path, rule, pid)
+        if rule is not None and self._sibling_writer(path, pid):
+            g = self._open_group(path, rule, pid)
+            g.made_by_writer = True
 
     # -------------------------------------------------------------- sealing
     def _seal_group(self, g: GroupState, event: str, pid: int = 0) -> bool:
@@ -238,12 +293,16 @@ class GroupOps:
         crashpoints.hit("group_commit_written")
         now = time.time()
         nbytes = sum(r.size for r in files.values())
-        self.journal.append({"op": "group_seal", "path": g.path, "manifest": digest, "time": now,
-                             "files": len(files), "bytes": nbytes})
+        seal_entry: dict[str, Any] = {"op": "group_seal", "path": g.path, "manifest": digest, "time": now,
+                                      "files": len(files), "bytes": nbytes}
+        if event.startswith("marker "):
+            g.marker = seal_entry["marker"] = event.split()[1]
+        self.journal.append(seal_entry)
         if not g.late:  # sealed by a completion event (or explicitly), not a reseal for added files
             keep_anchor(self.store, g.id)
         g.state, g.manifest_blake3, g.sealed_at = SEALED, digest, now
         g.files, g.bytes, g.seal_requested, g.late, g.reason = len(files), nbytes, "", False, ""
+        g.refused.clear()
         self.stats["groups_sealed"] += 1
         log.info("sealed group %s (%d files, %d bytes) on %s", g.path, len(files), nbytes, event)
         self._purge_trashed(parent(g.path), g)
@@ -269,6 +328,7 @@ class GroupOps:
         if g is None or g.state != OPEN:
             return
         g.last_activity = time.time()
+        g.refused.pop(path, None)  # rewritten complete after a refusal: no longer evidence
         d, base = parent_and_base(path)
         if d == g.path and base in self._rule_of(g).markers and not self._marked_unfinished(g):
             self._seal_group(g, f"marker {base}")
@@ -319,17 +379,42 @@ class GroupOps:
             return g
 
     # ------------------------------------------------------- torn and gone
+    def _interrupted(self, g: GroupState) -> str:
+        """Evidence that g's save was interrupted: a writer killed in it, or a refused incomplete file."""
+        if g.reason.startswith("writer killed"):
+            return g.reason
+        if g.refused:
+            p, why = next(iter(g.refused.items()))
+            return f"incomplete file refused: {p}: {why}"
+        return ""
+
+    def _expects_marker(self, g: GroupState) -> str:
+        """An idle-seal layout whose siblings were sealed by a completion marker: the marker this one
+        waits for too (the seed paper's COMMIT.json writer).  Empty if none was seen."""
+        d = parent(g.path)
+        for s in self.groups.values():
+            if s is not g and s.marker and s.rule == g.rule and parent(s.path) == d:
+                return s.marker
+        return ""
+
     def _check_torn(self, g: GroupState) -> bool:
-        """Quarantine g if it can never complete (G7): a writer was killed inside it, or (for layouts
-        with a completion event) every process that wrote into it has exited.  True if quarantined."""
+        """Quarantine g if it can never complete (G7).  Torn needs evidence of an interrupted write:
+        a writer killed in it, a refused incomplete file, or, once every writer has exited, a
+        completion event that never came after checkpoint files were written (or after a
+        checkpoint writer made the directory, ``made_by_writer``).  A group without files and
+        without such evidence is released: its directory stays, ordinary.  True if quarantined."""
         if g.state != OPEN or g.seal_requested:
             return False
-        killed = g.reason.startswith("writer killed")
-        if not killed:
+        interrupted = self._interrupted(g)
+        if not interrupted:
             if not g.pids or any(procinfo.is_alive(p) for p in g.pids):
                 return False
-            if self._rule_of(g).idle_seal and (self._has_files(g) or g.written):
+            has_files = self._has_files(g)
+            if self._rule_of(g).idle_seal and not self._expects_marker(g) and (has_files or g.written):
                 return False  # idle-seal layouts: a finished save cannot be told from a killed one
+            if not has_files and not g.made_by_writer:
+                self._release(g)
+                return False
         pre = g.path + "/"
         with self.lock:
             if any(p.startswith(pre) and not v.unlinked and v.state == "open" for p, v in self.pending.items()):
@@ -338,10 +423,39 @@ class GroupOps:
         with self.commit_lock:
             if g.state != OPEN or self._busy(g):
                 return False
-            reason = g.reason if killed else ("every writer exited before the group was sealed"
-                                              if self._has_files(g) else "every writer exited; the group is empty")
+            if interrupted:
+                reason = interrupted
+            elif not self._has_files(g):
+                reason = "its maker, a checkpoint writer, exited before writing a file into it"
+            elif self._expects_marker(g):
+                reason = f"every writer exited before {self._expects_marker(g)} (its siblings' marker) landed"
+            else:
+                reason = "every writer exited before the group was sealed"
             self._tear(g, reason)
         return True
+
+    def _release(self, g: GroupState) -> None:
+        """g turned out to hold nothing of a checkpoint (its only files were removed, or never
+        installed, with no evidence of an interruption): it stops being a group; the directory
+        stays as it is."""
+        self._barrier()
+        with self.commit_lock:
+            if g.state != OPEN or self.groups.get(g.path) is not g or self._busy(g) or self._has_files(g):
+                return
+            if g.late or self._prior_seal(g):
+                return  # a sealed group emptied by a change: its seal decides (reseal / rollback)
+            self.journal.append({"op": "group_forget", "path": g.path}, sync=False)
+            with self.lock:
+                del self.groups[g.path]
+            try:
+                remove_seal(self.store, g.id)
+            except OSError:
+                pass
+            self.stats["groups_released"] += 1
+            log.info("group %s released: no checkpoint file in it and no sign of an interrupted save", g.path)
+
+    def _prior_seal(self, g: GroupState) -> bool:
+        return bool(g.manifest_blake3)
 
     def _tear(self, g: GroupState, reason: str) -> None:
         """g can never complete (caller holds commit_lock): a torn re-save of a sealed group goes
@@ -443,7 +557,8 @@ class GroupOps:
                 continue
             rule = self._rule_of(g)
             idle = now - (g.last_activity or g.created_at)
-            if rule.idle_seal and idle >= self.rules.idle_seconds and not self._busy(g) and self._has_files(g):
+            if (rule.idle_seal and idle >= self.rules.idle_seconds and not self._busy(g) and self._has_files(g)
+                    and not self._expects_marker(g)):
                 with self.commit_lock:
                     if g.state == OPEN:
                         self._seal_group(g, f"idle for {idle:.0f}s")
@@ -453,12 +568,17 @@ class GroupOps:
         idle sealing, quarantine the rest as torn (so the unmounted directory shows only
         sealed groups).  Caller holds commit_lock; no file is open."""
         for g in [g for g in self.groups.values() if g.state == OPEN]:
-            if g.late:
+            interrupted = self._interrupted(g)
+            if g.late and not interrupted:
                 self._seal_group(g, "unmount (files added after the seal)")
-            elif self._rule_of(g).idle_seal and not g.reason.startswith("writer killed") and self._has_files(g):
+            elif (self._rule_of(g).idle_seal and not interrupted and self._has_files(g)
+                  and not self._expects_marker(g)):
                 self._seal_group(g, "unmount (idle)")
+            elif not interrupted and not self._has_files(g) and not g.made_by_writer and not g.manifest_blake3:
+                self.journal.append({"op": "group_forget", "path": g.path}, sync=False)
+                del self.groups[g.path]  # nothing of a checkpoint in it: an ordinary directory
             else:
-                self._tear(g, g.reason or "not sealed when the filesystem was unmounted")
+                self._tear(g, interrupted or "not sealed when the filesystem was unmounted")
 
     # ------------------------------------------------------- deferred delete
     def _newer_open_sibling(self, g: GroupState) -> bool:
@@ -631,7 +751,7 @@ class GroupOps:
             g = self._live_group(new)
             if g is None and self._group_of(new) is None:
                 rule = self.rules.dir_rule(os.path.basename(new))
-                if rule is None or not self._groupable(new):
+                if rule is None or not self._groupable(new) or not self._renamed_checkpoint(old, new, rule):
                     return
                 g = self._open_group(new, rule, pid)  # Orbax: a step directory renamed into place
             if g is not None and g.state == OPEN:
@@ -644,6 +764,17 @@ class GroupOps:
                 self._seal_group(g, f"marker {base} renamed into place", pid)  # DCP's .metadata
             elif g.seal_requested:
                 self._seal_group(g, g.seal_requested)
+
+    def _renamed_checkpoint(self, old: str, new: str, rule: Rule) -> bool:
+        """Evidence that a directory renamed to ``new`` is a finished checkpoint: it comes from a
+        temporary checkpoint name (Orbax's ``<step>.orbax-checkpoint-tmp-<ts>``) or holds files of
+        its layout.  ``mv logs_tmp 2024`` stays an ordinary directory."""
+        if TMP_DIR_RE.fullmatch(os.path.basename(old)):
+            return True
+        try:
+            return any(rule.signs(n) for n in self.store.listdir(new))
+        except OSError:
+            return False
 
     def _forget_group_dir(self, path: str) -> None:
         """A group directory was removed (its rmdir is journaled): drop its state and seal files."""

@@ -73,10 +73,14 @@ class GroupState:
     last_activity: float = 0.0  # live only
     corrupt: str = ""  # a file failed verification; quarantined by the next sweep (live only)
     written: bool = False  # a file was ever created in it (live only)
+    marker: str = ""  # the completion marker that sealed it (siblings of its layout then wait for one)
+    made_by_writer: bool = False  # opened at mkdir by a writer of a sibling group (live only)
+    refused: dict[str, str] = field(default_factory=dict)  # incomplete files refused at close (live only)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
-        for live_only in ("pids", "seal_requested", "last_activity", "corrupt", "written"):
+        for live_only in ("pids", "seal_requested", "last_activity", "corrupt", "written", "made_by_writer",
+                          "refused"):
             d.pop(live_only)
         return d
 

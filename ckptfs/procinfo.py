@@ -65,3 +65,39 @@ def is_alive(pid: int) -> bool:
         return text[text.rindex(")") + 2] not in "ZX"
     except (ValueError, IndexError):
         return True
+
+
+def groups(pid: int) -> set[int]:
+    """Supplementary group ids of ``pid`` (empty if unknown)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Groups:"):
+                    return {int(g) for g in line.split()[1:]}
+    except (OSError, ValueError):
+        pass
+    return set()
+
+
+# Syscall numbers of the calls a FUSE RENAME of a name to a hidden name can come from (libfuse
+# hides an open file before an unlink or a rename over it): x86_64 and aarch64.
+_RENAME_SYSCALLS = {"x86_64": {82, 264, 316}, "aarch64": {38, 276}}
+_UNLINK_SYSCALLS = {"x86_64": {87, 263}, "aarch64": {35}}
+
+
+def blocked_in(tid: int) -> str | None:
+    """"rename" or "unlink" if thread ``tid`` is blocked in that system call now (from
+    /proc/TID/syscall, root only); None when unknown (another call, another platform, no /proc)."""
+    import platform
+
+    arch = platform.machine()
+    try:
+        with open(f"/proc/{tid}/syscall") as f:
+            nr = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    if nr in _RENAME_SYSCALLS.get(arch, ()):
+        return "rename"
+    if nr in _UNLINK_SYSCALLS.get(arch, ()):
+        return "unlink"
+    return None

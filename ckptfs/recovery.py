@@ -94,8 +94,11 @@ def apply_entry(files: dict[str, FileRecord], e: dict, groups: dict[str, GroupSt
     elif op == "rename":
         drop_prefix(files, e["dst"])
         move_prefix(files, e["src"], e["dst"])
-    elif op == "symlink":
+    elif op in ("symlink", "mknod"):
         files.pop(e["path"], None)
+    elif op == "link":
+        if e["src"] in files:
+            files[e["dst"]] = files[e["src"]]
 
 
 def apply_group_entry(files: dict[str, FileRecord], groups: dict[str, GroupState], e: dict) -> None:
@@ -111,6 +114,7 @@ def apply_group_entry(files: dict[str, FileRecord], groups: dict[str, GroupState
         g = groups.get(e["path"])
         if g is not None:
             g.state, g.manifest_blake3 = SEALED, e["manifest"]
+            g.marker = str(e.get("marker", g.marker))
             g.sealed_at, g.files, g.bytes = float(e.get("time", 0)), int(e.get("files", 0)), int(e.get("bytes", 0))
             g.reason = ""
     elif op in ("group_quarantine", "group_retire"):
@@ -421,6 +425,18 @@ def finish_inflight(store: BackingStore, e: dict) -> bool:
         if not store.exists(e["path"]):
             store.symlink(e["target"], e["path"])
             store.fsync_dir(parent(e["path"]))
+        return True
+    if op == "mknod":
+        if not store.exists(e["path"]):
+            store.mknod(e["path"], int(e["mode"]), int(e.get("dev", 0)))
+            store.fsync_dir(parent(e["path"]))
+        return True
+    if op == "link":
+        if not store.exists(e["dst"]):
+            if not store.exists(e["src"]):
+                return False
+            store.link(e["src"], e["dst"])
+            store.fsync_dir(parent(e["dst"]))
         return True
     if op in ("group_open", "group_seal", "group_forget", "group_trash", "group_restore"):
         return True  # state-only entries (a seal's COMMIT is durable before its entry)

@@ -1,9 +1,21 @@
 """Which directories are checkpoint groups, and which events complete them.
 
 A *group* is a directory that holds one checkpoint.  A directory becomes a
-group when ckptfs sees a file written into it (or it being created) and one
-rule matches it.  A group is *sealed* by the first completion event its rule
-allows:
+group only on evidence that a checkpoint is being written there, never because
+of its name alone (an ordinary directory named ``2024``, ``7`` or ``step_5``
+stays an ordinary directory of ordinary committed files):
+
+* a file matching the rule's ``signature`` (the files that framework writes:
+  ``optimizer.pt``, ``*.distcp``, ``model.safetensors``...) is created in a
+  directory whose name matches the rule's ``pattern`` (or in a subdirectory of
+  it, up to ``SIGNATURE_DEPTH`` levels: Megatron's ``iter_N/mp_rank_00/``), or
+  a file matching a ``contains`` rule is created anywhere (DCP shards);
+* a directory whose name matches is renamed into place from a temporary name
+  (Orbax) or holding signature files;
+* a directory whose name matches is made by a process that wrote files into a
+  sibling group (a trainer starting its next save): a save killed before its
+  first file then leaves evidence, not an empty directory resume would pick;
+* explicit control (``ckptfs seal``).
 
 * ``markers``: a file with one of these names lands (is committed, or is
   renamed into place) directly inside the group;
@@ -37,6 +49,24 @@ from typing import Any
 CONFIG_NAME = ".ckptfs.toml"
 DEFAULT_IDLE_SECONDS = 30.0
 _STEP_RE = re.compile(r"(\d+)(?!.*\d)")
+SIGNATURE_DEPTH = 2  # a signature file this many directories below a candidate still opens it (Megatron)
+
+
+# Files of the common checkpoint formats: the evidence that a directory named like a step
+# directory holds a checkpoint.  Deliberately not .txt, .json, .log, .csv or extensionless names
+# (logs, git objects, notes).
+CHECKPOINT_FILES = (r".*\.(?:pt|pth|bin|safetensors|ckpt|distcp|npy|npz|msgpack|h5|hdf5|pkl|pickle|tar|"
+                    r"orbax|ocdbt|zarr|gguf|onnx|tflite|keras|model|params|state)|\.metadata(?:\.tmp)?")
+# Completion markers real writers use (the seed paper's COMMIT.json, Orbax's commit_success.txt,
+# Hadoop/Spark's _SUCCESS, ...); a step directory waits for one once a sibling was sealed by one.
+STEP_MARKERS = (".metadata", "COMMIT", "COMMIT.json", "commit_success.txt", "DONE", "_SUCCESS", "COMPLETE",
+                "COMPLETED")
+HF_FILES = (r"trainer_state\.json|optimizer\.(?:pt|bin)|scheduler\.pt|scaler\.pt|rng_state(?:_\d+)?\.pth|"
+            r"training_args\.bin|config\.json|generation_config\.json|(?:pytorch_)?model.*\.(?:safetensors|bin)|"
+            r".*\.safetensors\.index\.json|adapter_(?:model|config)\..*|\.tmp\w+")
+ORBAX_FILES = (r"commit_success\.txt|_METADATA|_CHECKPOINT_METADATA|_sharding|manifest\.ocdbt|"
+               r"ocdbt\.process_\d+|.*\.orbax|descriptor\.pbtxt|array_metadatas")
+
 
 
 @dataclass(frozen=True)
@@ -51,12 +81,21 @@ class Rule:
     pointer_format: str = "{name}"  # how a pointer's content maps to a directory name
     unfinished_suffix: str = ""
     idle_seal: bool = False
+    signature: str = CHECKPOINT_FILES  # regex over a file's base name: the files this layout writes
     _re: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
     _contains_re: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
+    _sig_re: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_re", re.compile(self.pattern) if self.pattern else None)
         object.__setattr__(self, "_contains_re", re.compile(self.contains) if self.contains else None)
+        object.__setattr__(self, "_sig_re", re.compile(self.signature) if self.signature else None)
+
+    def signs(self, filename: str) -> bool:
+        """Whether a file named ``filename`` is one this layout writes (evidence of a save), or one of
+        its completion markers."""
+        return (filename in self.markers or self.matches_content(filename)
+                or (self._sig_re is not None and self._sig_re.fullmatch(filename) is not None))
 
     def matches_dir(self, base: str) -> bool:
         return self._re is not None and self._re.fullmatch(base) is not None
@@ -72,12 +111,12 @@ class Rule:
         return {"name": self.name, "pattern": self.pattern, "contains": self.contains,
                 "markers": list(self.markers), "pointers": list(self.pointers),
                 "pointer_format": self.pointer_format, "unfinished_suffix": self.unfinished_suffix,
-                "idle_seal": self.idle_seal}
+                "idle_seal": self.idle_seal, "signature": self.signature}
 
 
 DEFAULT_RULES: tuple[Rule, ...] = (
     # Hugging Face Trainer: weights, optimizer, scheduler, rng, then trainer_state.json.
-    Rule("hf-trainer", pattern=r"checkpoint-\d+", markers=("trainer_state.json",)),
+    Rule("hf-trainer", pattern=r"checkpoint-\d+", markers=("trainer_state.json",), signature=HF_FILES),
     # DeepSpeed: per-rank files under global_stepN/, then `latest` naming the tag.
     Rule("deepspeed", pattern=r"global_step\d+", pointers=("latest",)),
     # Megatron-LM / NeMo-Megatron: iter_0000010/ then latest_checkpointed_iteration.txt = "10".
@@ -86,11 +125,11 @@ DEFAULT_RULES: tuple[Rule, ...] = (
     # torch.distributed.checkpoint: *.distcp shards, then .metadata (tmp + rename) by the coordinator.
     Rule("dcp", contains=r"__\d+_\d+\.distcp", markers=(".metadata",)),
     # Orbax: <step>.orbax-checkpoint-tmp-<ts> renamed to <step>; or commit_success.txt.
-    Rule("orbax", pattern=r"\d+", markers=("commit_success.txt",)),
+    Rule("orbax", pattern=r"\d+", markers=("commit_success.txt",), signature=ORBAX_FILES),
     # NeMo: <name> with a sibling <name>-unfinished marker removed when done.
     Rule("nemo", pattern=r".*step=\d+.*", unfinished_suffix="-unfinished", markers=(".metadata",)),
     # Generic step directories: sealed by a DCP .metadata, a COMMIT file, a rename, or idleness.
-    Rule("step-dir", pattern=r"(?:step|epoch|ckpt|checkpoint|iter)[-_]?\d+", markers=(".metadata", "COMMIT"),
+    Rule("step-dir", pattern=r"(?:step|epoch|ckpt|checkpoint|iter)[-_]?\d+", markers=STEP_MARKERS,
          idle_seal=True),
 )
 
@@ -116,9 +155,17 @@ class RuleSet:
         return next((r for r in self.rules if r.name == name), None)
 
     def dir_rule(self, base: str) -> Rule | None:
+        """The first rule whose pattern matches a directory's base name (a *candidate*: it becomes a
+        group only on evidence, see the module docstring)."""
         if TMP_DIR_RE.fullmatch(base):
             return None
         return next((r for r in self.rules if r.matches_dir(base)), None)
+
+    def evidence_rule(self, dirbase: str, filename: str) -> Rule | None:
+        """The first rule whose pattern matches ``dirbase`` and which ``filename`` is evidence for."""
+        if TMP_DIR_RE.fullmatch(dirbase):
+            return None
+        return next((r for r in self.rules if r.matches_dir(dirbase) and r.signs(filename)), None)
 
     def content_rule(self, filename: str) -> Rule | None:
         return next((r for r in self.rules if r.matches_content(filename)), None)
@@ -196,7 +243,9 @@ def parse_config(data: bytes, source: str = CONFIG_NAME) -> RuleSet:
                 contains=str(g.get("contains", "")), markers=markers, pointers=pointers,
                 pointer_format=str(g.get("pointer_format", "{name}")),
                 unfinished_suffix=str(g.get("unfinished_suffix", "")),
-                idle_seal=bool(g.get("idle_seal", not (markers or pointers)))))
+                idle_seal=bool(g.get("idle_seal", not (markers or pointers))),
+                # a user rule names its own layout: any file is evidence unless it says otherwise
+                signature=str(g.get("signature", ".*"))))
         except re.error as e:
             raise ConfigError(f"{source}: [[group]] #{i + 1}: bad regular expression: {e}") from None
     try:
