@@ -78,6 +78,7 @@ class BackingStore(Protocol):
     def lstat(self, path: str) -> os.stat_result: ...
     def exists(self, path: str) -> bool: ...
     def listdir(self, path: str) -> list[str]: ...
+    def scandir(self, path: str) -> list[tuple[str, int, int]]: ...
     def mkdir(self, path: str, mode: int = 0o755) -> None: ...
     def rmdir(self, path: str) -> None: ...
     def unlink(self, path: str) -> None: ...
@@ -205,6 +206,29 @@ class OsBackingStore:
             return os.listdir(fd)
         finally:
             os.close(fd)
+
+    def scandir(self, path: str) -> list[tuple[str, int, int]]:
+        """(name, inode number, file type bits of st_mode) of each entry, from one getdents pass."""
+        fd = os.open(_rel(path), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=self.root_fd)
+        out = []
+        try:
+            with os.scandir(fd) as it:
+                for e in it:
+                    if e.is_symlink():
+                        t = 0o120000
+                    elif e.is_dir(follow_symlinks=False):
+                        t = 0o040000
+                    elif e.is_file(follow_symlinks=False):
+                        t = 0o100000
+                    else:
+                        try:
+                            t = e.stat(follow_symlinks=False).st_mode & 0o170000
+                        except OSError:
+                            t = 0
+                    out.append((e.name, e.inode(), t))
+        finally:
+            os.close(fd)
+        return out
 
     def mkdir(self, path: str, mode: int = 0o755) -> None:
         os.mkdir(path, mode, dir_fd=self.root_fd)

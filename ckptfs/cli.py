@@ -297,7 +297,7 @@ def cmd_status(a: argparse.Namespace) -> int:
     if not os.path.isdir(d):
         raise CliError(f"{d}: no such directory")
     if is_ckptfs_mount(d):
-        attrs = {n: os.getxattr(d, n).decode() for n in os.listxattr(d) if n.startswith("user.ckptfs.")}
+        attrs = json.loads(os.getxattr(d, "user.ckptfs.attrs"))  # status attributes are never listed
         out = {k.removeprefix("user.ckptfs."): v for k, v in attrs.items()}
         for k in ("stats", "aborts", "corrupt", "metadata", "scrub"):
             if k in out:

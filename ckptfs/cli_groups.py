@@ -160,14 +160,21 @@ def cmd_show(a: argparse.Namespace) -> int:
     if w.mounted:
         p = os.path.join(w.root, w.rel)
         try:
-            out = json.loads(os.getxattr(p, "user.ckptfs.group"))
-        except OSError:
-            raise GroupCliError(f"{p}: not a checkpoint group") from None
+            attrs = {k.removeprefix("user.ckptfs."): v
+                     for k, v in json.loads(os.getxattr(p, "user.ckptfs.attrs")).items()}
+        except OSError as e:
+            raise GroupCliError(f"{p}: cannot read its status: {e.strerror}", 1) from None
+        if "group" not in attrs:  # a file or an ordinary directory: its status attributes
+            print(json.dumps(attrs, indent=2, sort_keys=True))
+            return 0
+        out = json.loads(attrs["group"])
         for key in ("lineage", "manifest_files"):
-            try:
-                out[key] = json.loads(os.getxattr(p, f"user.ckptfs.{key}"))
-            except OSError:
-                pass
+            if key in attrs:
+                out[key] = json.loads(attrs[key])
+    elif not os.path.isdir(os.path.join(w.root, w.rel)):
+        files, _ = offline_groups(w.root)
+        rec = files.get(w.rel.lstrip("/"))
+        out = {"status": "committed", **rec.to_json()} if rec is not None else {"status": "untracked"}
     else:
         g = _group_at(w)
         out = g.to_json()
@@ -332,7 +339,7 @@ def add_parsers(sub: Any) -> None:
     ls.add_argument("--all", action="store_true", help="include torn and corrupt groups")
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=cmd_ls)
-    sh = sub.add_parser("show", help="a group's state, files and lineage")
+    sh = sub.add_parser("show", help="a group's state, files and lineage; a file's status (blake3, size, generation)")
     sh.add_argument("group")
     sh.set_defaults(func=cmd_show)
     se = sub.add_parser("seal", help="seal DIR as a checkpoint group now (mounted)")

@@ -39,6 +39,7 @@ from .backing import BackingStore
 from .group_ops import GroupOps
 from .groups import COMMITTED_VIEW, CORRUPT, OPEN, SEALED, SealError, read_seal
 from .hashing import digest_fd
+from .inodes import InodeMap
 from .integrity import CONTROL_XATTR, Integrity
 from .journal import STAGING, Journal
 from .records import FileRecord
@@ -129,6 +130,7 @@ class CkptFS(GroupOps):
         self.queued: dict[str, Version] = {}  # path -> newest sealed version awaiting install (async)
         self.async_failures: list[tuple[str, OSError]] = []  # reported by the next fsyncdir
         self.handles: dict[int, Handle] = {}
+        self.inodes = InodeMap()  # the st_ino the mount reports (stable across versions)
         self.hidden: dict[str, str] = {}  # libfuse's .fuse_hidden name of an open, unlinked file -> its old path
         self._next_fh = 1
         self.stats: collections.Counter[str] = collections.Counter()
@@ -237,10 +239,9 @@ class CkptFS(GroupOps):
             log.info("shutdown complete: %s", dict(self.stats))
 
     # --------------------------------------------------------------- getattr
-    @staticmethod
-    def _st(st: os.stat_result) -> dict[str, Any]:
+    def _st(self, st: os.stat_result) -> dict[str, Any]:
         return {
-            "st_mode": st.st_mode, "st_ino": st.st_ino, "st_nlink": st.st_nlink,
+            "st_mode": st.st_mode, "st_ino": self.inodes.reported(st.st_ino), "st_nlink": st.st_nlink,
             "st_uid": st.st_uid, "st_gid": st.st_gid, "st_size": st.st_size,
             "st_atime": st.st_atime_ns, "st_mtime": st.st_mtime_ns, "st_ctime": st.st_ctime_ns,
             "st_blocks": st.st_blocks, "st_blksize": st.st_blksize,
@@ -278,30 +279,49 @@ class CkptFS(GroupOps):
             self._quarantine_corrupt(g)
         return self._st(self.store.lstat(path))
 
-    def readdir(self, path: str) -> list[str]:
+    def readdir(self, path: str) -> list[tuple[str, dict[str, int], int]]:
+        """Entries of directory ``path``: (name, {st_ino, st_mode type bits}, 0).  The mount reports
+        backing inode numbers (``use_ino``: hard links share one), so every entry carries its own."""
         path = self.norm(path)
         if is_view(path):
             real = self._view_real(path)
             pre = real + "/" if real else ""
-            names = set(self.store.listdir(real))
-            names.discard(META_DIR)
             shown = []
-            for n in sorted(names):
+            for n, ino, t in sorted(self.store.scandir(real)):
+                if n == META_DIR and not real:
+                    continue
                 g = self.groups.get(pre + n)
                 if g is None or g.state == SEALED:
-                    shown.append(n)
-            return [".", "..", *shown]
+                    shown.append((n, {"st_ino": self.inodes.reported(ino), "st_mode": t}, 0))
+            return [*self._dots(real), *shown]
         self._check_visible(path)
         self._sweep_children(path)
-        names = set(self.store.listdir(path))
+        entries = {n: (ino, t) for n, ino, t in self.store.scandir(path)}
         if path == "":
-            names.discard(META_DIR)
+            entries.pop(META_DIR, None)
         pre = path + "/" if path else ""
         with self.lock:
-            for p in (*self.pending, *self.queued):
-                if p.startswith(pre) and "/" not in p[len(pre) :]:
-                    names.add(p[len(pre) :])
-        return [".", "..", *sorted(names)]
+            for p, v in (*self.pending.items(), *self.queued.items()):
+                if p.startswith(pre) and "/" not in p[len(pre):] and p[len(pre):] not in entries:
+                    try:
+                        entries[p[len(pre):]] = (self.store.fstat(v.fd).st_ino, stat.S_IFREG)
+                    except OSError:
+                        pass
+        rep = self.inodes.reported
+        return [*self._dots(path),
+                *((n, {"st_ino": rep(ino), "st_mode": t}, 0) for n, (ino, t) in sorted(entries.items()))]
+
+    def _dots(self, path: str) -> list[tuple[str, dict[str, int], int]]:
+        try:
+            ino = self.store.lstat(path).st_ino
+        except OSError:
+            ino = 1
+        try:
+            pino = self.store.lstat(parent(path)).st_ino if path else ino
+        except OSError:
+            pino = 1
+        return [(".", {"st_ino": self.inodes.reported(ino), "st_mode": stat.S_IFDIR}, 0),
+                ("..", {"st_ino": self.inodes.reported(pino), "st_mode": stat.S_IFDIR}, 0)]
 
     def readlink(self, path: str) -> str:
         path = self.norm(path)
@@ -358,6 +378,9 @@ class CkptFS(GroupOps):
         fd = self.store.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         v = Version(path=path, staging=name, fd=fd)
         try:
+            v.ino = self.store.fstat(fd).st_ino
+            if like is not None:
+                self.inodes.carry(v.ino, like.st_ino, like.st_nlink)  # same st_ino as the file it replaces
             if like is not None:
                 uid, gid, perm = like.st_uid, like.st_gid, stat.S_IMODE(like.st_mode)
             else:
@@ -680,6 +703,10 @@ class CkptFS(GroupOps):
         mark = self.journal.append(entry)
         crashpoints.hit("intent_logged")
         try:
+            replaced = self.store.lstat(v.path)
+        except OSError:
+            replaced = None
+        try:
             if keep:
                 self.integrity.gens.link(v.path, keep)
             self.store.rename(v.staging, v.path)
@@ -689,6 +716,8 @@ class CkptFS(GroupOps):
             self.journal.retract(mark)
             raise
         crashpoints.hit("installed")
+        if replaced is not None and replaced.st_ino != v.ino and replaced.st_nlink == 1:
+            self.inodes.drop(replaced.st_ino)
         try:
             self.store.fsync_dir(parent(v.path))
         except OSError as e:
@@ -881,6 +910,7 @@ class CkptFS(GroupOps):
         if v.state not in ("installed", "discarded"):
             v.state = "discarded"
             v.done.set()
+            self.inodes.drop(v.ino)
             try:
                 self.store.unlink(v.staging)
             except OSError:
@@ -989,8 +1019,11 @@ class CkptFS(GroupOps):
                 if v is not None:
                     v.unlinked = True
             if self.store.exists(path):
-                if stat.S_ISDIR(self.store.lstat(path).st_mode):
+                gone = self.store.lstat(path)
+                if stat.S_ISDIR(gone.st_mode):
                     raise _err(errno.EISDIR)
+                if gone.st_nlink == 1:
+                    self.inodes.drop(gone.st_ino)
                 g = self._deleting_group(path)
                 if g is not None:
                     self._defer_delete(g, path, caller.pid)

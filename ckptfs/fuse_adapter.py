@@ -62,6 +62,7 @@ def make_operations(mfusepy: Any, fs: CkptFS) -> Any:
                 # an open file that is unlinked or replaced is renamed to a hidden name by libfuse, so
                 # fstat/fchmod of it still have a path; fs.CkptFS._hide keeps nothing on disk for it
                 config.hard_remove = 0
+                config.use_ino = 1  # st_ino from the backing file: hard links share it (git, tar, rsync -H)
                 # No entry/attribute caching: the daemon changes what a path shows behind the kernel's
                 # back (a dying writer's O_TRUNC version unpublished, a torn group quarantined).  A cached
                 # size cut reads short (an empty `latest`, found by the resume campaign); a cached dentry
@@ -82,7 +83,7 @@ def make_operations(mfusepy: Any, fs: CkptFS) -> Any:
         def getattr(self, path: str | None, fh: int | None = None) -> dict[str, Any]:
             return fs.getattr(path or "", fh)
 
-        def readdir(self, path: str, fh: int) -> list[str]:
+        def readdir(self, path: str, fh: int) -> list[Any]:
             return fs.readdir(path)
 
         def readlink(self, path: str) -> str:

@@ -209,13 +209,19 @@ class GroupOps:
         if g is not None and g.state == OPEN:
             g.refused[path] = reason
 
-    def _sibling_writer(self, path: str, pid: int) -> bool:
-        """Whether process ``pid`` wrote files into a group beside ``path`` (same parent directory)."""
+    def _sibling_writer(self, path: str, rule: Rule, pid: int) -> GroupState | None:
+        """A group of the same layout beside ``path`` (same parent, a name the same rule matches)
+        that process ``pid`` wrote files into: the maker of ``path`` is a trainer starting its
+        next save."""
         if not pid:
-            return False
+            return None
         t = procinfo.tgid(pid)
         d = parent(path)
-        return any(t in s.pids for s in self.groups.values() if s.state in (OPEN, SEALED) and parent(s.path) == d)
+        for s in self.groups.values():
+            if (s.state in (OPEN, SEALED) and t in s.pids and parent(s.path) == d
+                    and self.rules.dir_rule(os.path.basename(s.path)) is rule):
+                return s
+        return None
 
     def _reopen(self, g: GroupState, path: str, replaces: bool) -> None:
         """G10: a change at ``path`` inside g after its seal (commit_lock held).  ``replaces``: it
@@ -266,8 +272,9 @@ class GroupOps:
         if self._group_of(path) is not None:
             return
         rule = self.rules.dir_rule(os.path.basename(path))
-        if rule is not None and self._sibling_writer(path, pid):
-            g = self._open_group(path, rule, pid)
+        sib = self._sibling_writer(path, rule, pid) if rule is not None else None
+        if sib is not None:
+            g = self._open_group(path, self._rule_of(sib), pid)  # the sibling's layout (dcp in step-N)
             g.made_by_writer = True
 
     # -------------------------------------------------------------- sealing
@@ -389,11 +396,13 @@ class GroupOps:
         return ""
 
     def _expects_marker(self, g: GroupState) -> str:
-        """An idle-seal layout whose siblings were sealed by a completion marker: the marker this one
-        waits for too (the seed paper's COMMIT.json writer).  Empty if none was seen."""
-        d = parent(g.path)
+        """A layout whose siblings were sealed by a completion marker: the marker this one waits for
+        too, even where its own rule would idle-seal (the seed paper's COMMIT.json writer; a run whose
+        ``checkpoint-N`` were sealed by HF's trainer_state.json).  Empty if none was seen."""
+        d, base = parent_and_base(g.path)
         for s in self.groups.values():
-            if s is not g and s.marker and s.rule == g.rule and parent(s.path) == d:
+            if (s is not g and s.marker and parent(s.path) == d
+                    and (s.rule == g.rule or self._rule_of(s).matches_dir(base))):
                 return s.marker
         return ""
 

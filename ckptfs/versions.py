@@ -38,6 +38,7 @@ class Version:
     done: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
     record: FileRecord | None = None
+    ino: int = 0  # backing inode number of the staging file (inodes.InodeMap)
 
 
 @dataclass(eq=False)

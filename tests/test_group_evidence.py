@@ -1,0 +1,185 @@
+"""Groups only on evidence (issue 10): a directory's name alone never makes a group, and torn needs
+evidence of an interrupted save.  Real mounts, real processes; the daemon's housekeeper judges
+groups every second, so the tests wait past it before looking."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from conftest import Mount, _env, run_py
+
+from ckptfs import META_DIR
+
+JUDGED = 2.5  # seconds: past two housekeeping sweeps
+
+
+def status(p: Path) -> str | None:
+    try:
+        return os.getxattr(p, "user.ckptfs.status").decode()
+    except OSError:
+        return None
+
+
+def groups(root: Path, d: Path) -> list[dict]:
+    r = subprocess.run([sys.executable, "-m", "ckptfs", "ls", str(d), "--all", "--json"], capture_output=True,
+                       text=True, env=_env(), timeout=60)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_names_alone_make_no_group(mnt: Mount) -> None:
+    """Ordinary files in directories named like checkpoints: no group is opened, nothing is judged."""
+    names = ["7", "2024", "step_5", "checkpoint-100", "global_step3", "iter_0000010", "foo-step=5"]
+    for n in names:
+        subprocess.run(["sh", "-c", f"mkdir -p a/{n} && echo x > a/{n}/app.log && echo '{{}}' > a/{n}/meta.json"],
+                       cwd=mnt.path, check=True)
+    time.sleep(JUDGED)
+    for n in names:
+        assert status(mnt.path / "a" / n) is None, f"{n} became a group"
+        assert (mnt.path / "a" / n / "app.log").read_text() == "x\n"
+    assert groups(mnt.path, mnt.path / "a") == []
+    assert not (mnt.path / META_DIR).exists()  # unreachable through the mount, as always
+    quarantine = mnt.backing / META_DIR / "quarantine"
+    mnt.stop()
+    assert not quarantine.exists() or os.listdir(quarantine) == []
+    mnt.start()
+
+
+def test_mv_of_an_ordinary_dir_to_a_step_name_is_no_seal(mnt: Mount) -> None:
+    (mnt.path / "logs_tmp").mkdir()
+    (mnt.path / "logs_tmp" / "a.log").write_text("a")
+    os.rename(mnt.path / "logs_tmp", mnt.path / "2024")
+    assert status(mnt.path / "2024") is None
+    # ... while a directory holding checkpoint files renamed to a step name is one (evidence)
+    (mnt.path / "tmp_save").mkdir()
+    torch.save({"w": torch.ones(3)}, mnt.path / "tmp_save" / "model.pt")
+    os.rename(mnt.path / "tmp_save", mnt.path / "step_9")
+    assert status(mnt.path / "step_9") == "sealed"
+
+
+WRITE_GROUP = r"""
+import os, sys, torch
+d, marker = sys.argv[1], sys.argv[2]
+os.makedirs(d)
+torch.save({"w": torch.ones(4)}, os.path.join(d, "model.pth"))
+torch.save({"o": torch.ones(4)}, os.path.join(d, "optimizer.pth"))
+open(os.path.join(d, "MANIFEST.json"), "w").write("{}")
+if marker == "1":
+    open(os.path.join(d, "COMMIT.json"), "w").write("{}")
+"""
+
+
+def test_learned_marker_tears_a_save_that_never_wrote_it(tmp_path: Path) -> None:
+    """The seed paper's group writer seals each step with COMMIT.json.  Once a sibling was sealed by
+    it, a step directory whose writer exited without it is torn, not idle-sealed."""
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    with Mount(d, extra_args=["--idle-seal", "1"]) as m:
+        for step in (1, 2):
+            subprocess.run([sys.executable, "-c", WRITE_GROUP, str(m.path / f"step_{step}"), "1"], check=True,
+                           env=_env())
+            assert status(m.path / f"step_{step}") == "sealed"
+        subprocess.run([sys.executable, "-c", WRITE_GROUP, str(m.path / "step_3"), "0"], check=True, env=_env())
+        time.sleep(JUDGED + 1)  # past the 1 s idle seal
+        assert sorted(os.listdir(m.path)) == ["step_1", "step_2"]
+        rows = {r["path"]: r for r in groups(m.path, m.path)}
+        assert rows["step_3"]["state"] == "torn" and "COMMIT.json" in rows["step_3"]["reason"]
+        # without a sibling sealed by a marker the same layout idle-seals (a finished save)
+        sub = m.path / "other"
+        sub.mkdir()
+        subprocess.run([sys.executable, "-c", WRITE_GROUP, str(sub / "step_1"), "0"], check=True, env=_env())
+        deadline = time.monotonic() + 10
+        while status(sub / "step_1") != "sealed":
+            assert time.monotonic() < deadline, "idle seal never happened"
+            time.sleep(0.2)
+
+
+def test_refused_incomplete_file_tears_the_group_and_fails_once(mnt: Mount) -> None:
+    """An incomplete torch file refused at close is evidence the save was cut: its step directory
+    (an idle-seal layout) is torn, not sealed without it.  fsync of that incomplete file before the
+    close is not an error: one error (at close), one abort logged."""
+    g = mnt.path / "step_4"
+    code = f"""
+import io, os, torch
+buf = io.BytesIO(); torch.save({{"w": torch.ones(1000)}}, buf)
+data = buf.getvalue()
+os.makedirs({str(g)!r})
+torch.save({{"o": torch.ones(3)}}, {str(g / 'optimizer.pt')!r})
+fd = os.open({str(g / 'model.pt')!r}, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+os.write(fd, data[: len(data) // 2])
+os.fsync(fd)                      # half a file: not refused here
+try:
+    os.close(fd)
+    print("close ok")
+except OSError as e:
+    print("close", e.errno)
+"""
+    r = run_py(code)
+    assert r.stdout.split() == ["close", "5"]
+    time.sleep(JUDGED)
+    assert "step_4" not in os.listdir(mnt.path)
+    rows = {x["path"]: x for x in groups(mnt.path, mnt.path)}
+    assert rows["step_4"]["state"] == "torn" and "incomplete file refused" in rows["step_4"]["reason"]
+    aborts = [a for a in json.loads(os.getxattr(mnt.path, "user.ckptfs.aborts")) if a["path"] == "step_4/model.pt"]
+    assert len(aborts) == 1, aborts
+
+
+def test_fsync_of_a_complete_open_file_commits_it(mnt: Mount) -> None:
+    p = mnt.path / "w.pt"
+    code = f"""
+import os, torch
+f = open({str(p)!r}, "wb")
+torch.save({{"w": torch.ones(10)}}, f)
+f.flush(); os.fsync(f.fileno())
+print(os.getxattr({str(p)!r}, "user.ckptfs.status").decode(), flush=True)
+f.close()
+"""
+    assert run_py(code).stdout.strip() == "committed"
+
+
+MAKER = r"""
+import os, sys, torch
+root = sys.argv[1]
+os.makedirs(os.path.join(root, "checkpoint-1"))
+for n in ("config.json", "trainer_state.json"):
+    open(os.path.join(root, "checkpoint-1", n), "w").write("{}")
+os.makedirs(os.path.join(root, "checkpoint-2"))   # the next save starts ... and the process ends
+"""
+
+
+def test_empty_dir_made_by_a_checkpoint_writer_is_torn_but_not_by_mkdir(mnt: Mount) -> None:
+    """An empty directory is torn only when the process that made it had written a sibling group of
+    the same layout (a trainer whose next save died before its first file: HF's resume would pick
+    the empty checkpoint-2).  ``mkdir checkpoint-3`` by anyone else stays."""
+    subprocess.run([sys.executable, "-c", MAKER, str(mnt.path)], check=True, env=_env())
+    subprocess.run(["mkdir", str(mnt.path / "checkpoint-3")], check=True)
+    time.sleep(JUDGED)
+    assert sorted(os.listdir(mnt.path)) == ["checkpoint-1", "checkpoint-3"]
+    rows = {r["path"]: r for r in groups(mnt.path, mnt.path)}
+    assert rows["checkpoint-2"]["state"] == "torn"
+    assert "checkpoint-3" not in rows
+    mnt.remount()
+    assert sorted(os.listdir(mnt.path)) == ["checkpoint-1", "checkpoint-3"]
+
+
+def test_note_rewritten_in_a_sealed_group_reseals_it(mnt: Mount) -> None:
+    """A README rewritten in a sealed HF group is an addition (G10), not a re-save: the group is
+    resealed with it once quiet, never torn or rolled back."""
+    g = mnt.path / "checkpoint-5"
+    g.mkdir()
+    torch.save({"o": torch.ones(3)}, g / "optimizer.pt")
+    (g / "README.md").write_text("v1")
+    (g / "trainer_state.json").write_text("{}")
+    assert status(g) == "sealed"
+    subprocess.run(["sh", "-c", f"echo v2 >> {g / 'README.md'}"], check=True)
+    time.sleep(JUDGED)
+    assert status(g) == "sealed"
+    assert (g / "README.md").read_text() == "v1v2\n"
+    mnt.remount()
+    assert status(g) == "sealed" and (g / "README.md").read_text() == "v1v2\n"
