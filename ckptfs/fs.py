@@ -34,7 +34,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from . import META_DIR, __version__, crashpoints, formats, procinfo
+from . import META_DIR, __version__, crashpoints, exits, formats, procinfo
 from .backing import BackingStore
 from .group_ops import GroupOps
 from .groups import COMMITTED_VIEW, CORRUPT, OPEN, SEALED, SealError, read_seal
@@ -124,6 +124,7 @@ class CkptFS(GroupOps):
         self.recovery = recover(store, self.journal)
         self.records: dict[str, FileRecord] = self.recovery.files
         self.groups = self.recovery.groups
+        self.tentative = {}
         self.aborts: collections.deque[dict] = collections.deque(self.recovery.aborts, maxlen=100)
         self.last_abort: dict[str, str] = {}
         self.pending: dict[str, Version] = {}  # path -> version open for writing
@@ -140,6 +141,7 @@ class CkptFS(GroupOps):
         self._stop = threading.Event()
         self._housekeeper: threading.Thread | None = None
         if housekeeping_interval > 0:
+            exits.watcher()  # process exit events from now on (group_ops._judge_made)
             self._housekeeper = threading.Thread(target=self._housekeep, args=(housekeeping_interval,),
                                                  name="ckptfs-housekeeper", daemon=True)
             self._housekeeper.start()

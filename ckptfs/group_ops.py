@@ -46,7 +46,7 @@ import stat
 import time
 from typing import Any
 
-from . import crashpoints, procinfo
+from . import crashpoints, exits, procinfo
 from .groups import (
     CORRUPT,
     OPEN,
@@ -79,6 +79,7 @@ def _err(code: int, msg: str = "") -> OSError:
 
 class GroupOps:
     groups: dict[str, GroupState]
+    tentative: dict[str, int]  # directory a rule names -> the process that made it (not a group yet)
 
     # ---------------------------------------------------------------- lookup
     def _group_of(self, path: str) -> GroupState | None:
@@ -272,10 +273,49 @@ class GroupOps:
         if self._group_of(path) is not None:
             return
         rule = self.rules.dir_rule(os.path.basename(path))
-        sib = self._sibling_writer(path, rule, pid) if rule is not None else None
+        if rule is None:
+            return
+        sib = self._sibling_writer(path, rule, pid)
         if sib is not None:
             g = self._open_group(path, self._rule_of(sib), pid)  # the sibling's layout (dcp in step-N)
             g.made_by_writer = True
+        elif pid:
+            self.tentative[path] = procinfo.tgid(pid)  # judged when its maker is gone (_judge_made)
+
+    def _judge_made(self, d: str | None = None) -> None:
+        """Directories a rule names, made by a process that is now gone (``tentative``; under ``d``
+        only, if given): if it was killed (or failed) before anything was written into the
+        directory, the save it started was interrupted: the empty directory is torn, so resume
+        logic that picks the highest ``checkpoint-N`` / ``step-N`` does not pick it.  A maker that
+        exited normally (``mkdir -p``) leaves an ordinary directory (issue 10).  Needs the kernel's
+        process exit events (exits.py); without them nothing is judged here."""
+        pre = d + "/" if d else ""
+        for path, maker in list(self.tentative.items()):
+            if d is not None and not (path.startswith(pre) and "/" not in path[len(pre):]):
+                continue
+            if procinfo.is_alive(maker):
+                continue
+            self.tentative.pop(path, None)
+            try:
+                empty = not self.store.listdir(path) and not self._children_pending(path)
+            except OSError:
+                continue  # gone or moved
+            if not empty or self._live_group(path) is not None or self._group_of(path) is not None:
+                continue
+            w = exits.watcher()
+            why = exits.interrupted(w.wait_status(maker) if w.available else None)
+            if not why:
+                continue
+            rule = self.rules.dir_rule(os.path.basename(path))
+            if rule is None:
+                continue
+            self._barrier()
+            with self.commit_lock:
+                if self.groups.get(path) is not None or not self.store.exists(path) or self.store.listdir(path):
+                    continue
+                g = self._open_group(path, rule, 0)
+                g.reason = f"writer killed: its maker (pid {maker}) {why} before writing a file into it"
+                self._tear(g, g.reason)
 
     # -------------------------------------------------------------- sealing
     def _seal_group(self, g: GroupState, event: str, pid: int = 0) -> bool:
@@ -535,6 +575,8 @@ class GroupOps:
 
     def _sweep_children(self, d: str) -> None:
         """Before listing ``d``: quarantine torn/corrupt groups and settle abandoned deletions in it."""
+        if self.tentative:
+            self._judge_made(d)
         pre = d + "/" if d else ""
         for g in [g for g in self.groups.values() if g.state in (OPEN, TRASHED, SEALED) and g.path.startswith(pre)
                   and "/" not in g.path[len(pre):]]:
@@ -557,6 +599,8 @@ class GroupOps:
     def housekeeping(self) -> None:
         """Periodic: idle-seal groups whose rule allows it, quarantine torn ones."""
         now = time.time()
+        if self.tentative:
+            self._judge_made()
         for g in [g for g in self.groups.values() if g.state == TRASHED]:
             self._check_abandoned_delete(g)
         for g in [g for g in self.groups.values() if g.state == SEALED and g.corrupt]:

@@ -183,3 +183,33 @@ def test_note_rewritten_in_a_sealed_group_reseals_it(mnt: Mount) -> None:
     assert (g / "README.md").read_text() == "v1v2\n"
     mnt.remount()
     assert status(g) == "sealed" and (g / "README.md").read_text() == "v1v2\n"
+
+
+KILLED_MAKER = r"""
+import os, sys, time
+os.makedirs(sys.argv[1])
+print("made", flush=True)
+time.sleep(60)   # killed here, before its first file (a save killed after mkdir)
+"""
+
+
+def test_empty_dir_whose_maker_was_killed_is_torn(mnt: Mount) -> None:
+    """A checkpoint-named directory whose maker was killed before writing anything into it is torn
+    (the process exit events say how it ended); one whose maker exited normally stays."""
+    p = subprocess.Popen([sys.executable, "-c", KILLED_MAKER, str(mnt.path / "step-6")], stdout=subprocess.PIPE,
+                         text=True, env=_env())
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "made"
+        subprocess.run(["mkdir", str(mnt.path / "step-7")], check=True)
+        run_py(f"import os; os.mkdir({str(mnt.path / 'step-8')!r})")
+        time.sleep(1.5)
+        assert sorted(os.listdir(mnt.path)) == ["step-6", "step-7", "step-8"]  # maker of step-6 alive
+    finally:
+        p.kill()
+        p.wait()
+    assert sorted(os.listdir(mnt.path)) == ["step-7", "step-8"]
+    rows = {r["path"]: r for r in groups(mnt.path, mnt.path)}
+    assert rows["step-6"]["state"] == "torn" and "signal 9" in rows["step-6"]["reason"]
+    time.sleep(JUDGED)
+    mnt.remount()
+    assert sorted(os.listdir(mnt.path)) == ["step-7", "step-8"]
