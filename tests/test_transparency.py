@@ -588,3 +588,83 @@ def test_hard_links(mnt: Mount, tmp_path: Path) -> None:
     assert _hard_links(native) == expected
     assert _hard_links(mnt.path) == expected
 
+
+
+def test_inode_numbers_stable_across_rewrites_and_unique(mnt: Mount) -> None:
+    """N1: a file rewritten through the mount keeps its st_ino (SQLite treats a changed one as a
+    moved database); N2: no two live files report the same number, also after many versions freed
+    and their backing inode numbers reused by new files; N3: a rewrite through one hard-link name
+    breaks the link, so the two names then report different numbers."""
+    d = mnt.path
+    p = d / "db"
+    p.write_bytes(b"v0")
+    ino = os.stat(p).st_ino
+    fd = os.open(p, os.O_RDWR)
+    try:
+        for i in range(20):
+            os.pwrite(fd, b"v%d" % i, 0)
+            os.fsync(fd)  # each fsync installs a new version (a new backing inode)
+            assert os.stat(p).st_ino == ino and os.fstat(fd).st_ino == ino
+    finally:
+        os.close(fd)
+    for i in range(30):
+        (d / f"f{i}").write_bytes(b"a")
+        (d / f"f{i}").write_bytes(b"b")  # rewrite: old backing inode freed, its number reusable
+        if i % 3 == 0:
+            os.unlink(d / f"f{i}")
+    live = {n: os.stat(d / n).st_ino for n in os.listdir(d)}
+    assert len(set(live.values())) == len(live), live
+    listed = {e.name: e.inode() for e in os.scandir(d)}
+    assert listed == live  # readdir reports the same numbers as stat
+    os.link(d / "f1", d / "h")
+    assert os.stat(d / "h").st_ino == os.stat(d / "f1").st_ino
+    (d / "h").write_bytes(b"c")
+    assert os.stat(d / "h").st_ino != os.stat(d / "f1").st_ino and (d / "f1").read_bytes() == b"b"
+
+
+ALLOW_OTHER_PROBE = r"""
+import json, os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)   # opened as root, used as uid 65534
+os.setgroups([]); os.setgid(65534); os.setuid(65534)
+aborts = json.loads(os.getxattr(fd, "user.ckptfs.aborts"))
+try:
+    os.setxattr(fd, "user.ckptfs.gc", b"1")
+    gc = "ok"
+except OSError as e:
+    gc = e.errno
+print(json.dumps({"aborts": sorted(a["path"] for a in aborts), "gc": gc,
+                  "metadata": "user.ckptfs.metadata" in json.loads(os.getxattr(fd, "user.ckptfs.attrs"))}))
+"""
+
+
+def test_allow_other_attributes_respect_permissions(tmp_path: Path) -> None:
+    """With --allow-other the root's aggregate status attributes name files only in directories the
+    caller may list; gc (deletes quarantined groups anywhere) is root's or the mount owner's."""
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    os.chmod(d, 0o777)
+    m = Mount(d, extra_args=["--allow-other"]).start()
+    try:
+        for sub, mode in (("secret", 0o700), ("shared", 0o755)):
+            (m.path / sub).mkdir()
+            os.chmod(m.path / sub, mode)
+            code = f"""
+import os
+fd = os.open({str(m.path / sub / 'x.npy')!r}, os.O_WRONLY | os.O_CREAT, 0o644)
+hdr = b"{{'descr': '<f8', 'fortran_order': False, 'shape': (100,), }}"
+os.write(fd, b"\\x93NUMPY\\x01\\x00v\\x00" + hdr + b" " * 50 + b"\\n")
+try:
+    os.close(fd)
+except OSError:
+    pass
+"""
+            run_py(code)  # an incomplete .npy: refused at close, logged in the root's aborts
+        as_root = sorted(a["path"] for a in json.loads(os.getxattr(m.path, "user.ckptfs.aborts")))
+        assert as_root == ["secret/x.npy", "shared/x.npy"]
+        r = subprocess.run([sys.executable, "-c", ALLOW_OTHER_PROBE, str(m.path)], capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0, r.stderr
+        seen = json.loads(r.stdout)
+        assert seen == {"aborts": ["shared/x.npy"], "gc": 1, "metadata": False}  # EPERM for gc
+    finally:
+        m.stop()
