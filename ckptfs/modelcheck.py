@@ -1023,6 +1023,19 @@ def _group_markers(tree: dict[str, tuple]) -> dict[str, set[str]]:
     return out
 
 
+def _has_evidence(tree: dict[str, tuple], d: str) -> bool:
+    """Whether d's files in ``tree`` are evidence of a checkpoint (rules.py: a group opens only on
+    evidence; a directory without any is an ordinary directory, issue 10)."""
+    from .rules import RuleSet
+
+    rules = RuleSet()
+    pre = d + "/"
+    base = d.rsplit("/", 1)[-1]
+    return any(rules.content_rule(p.rsplit("/", 1)[-1]) is not None
+               or rules.evidence_rule(base, p.rsplit("/", 1)[-1]) is not None
+               for p in tree if p.startswith(pre))
+
+
 def _split(tree: dict[str, tuple], d: str) -> tuple[dict[str, tuple], dict[str, tuple]]:
     """(tree without d's subtree, d's subtree)."""
     inside = {p: v for p, v in tree.items() if p == d or p.startswith(d + "/")}
@@ -1037,7 +1050,8 @@ def views(states: list[dict[str, tuple]], model: str = "weak") -> list[list[dict
     of the sealed state rewritten or gone since (a re-save in progress): rolled back to the sealed
     state (G11); under *weak* persistence also hidden whole, as the kept generations' links are not
     synced when made and may be lost (G7); under *ext4* (ordered metadata) they survive, so the
-    rollback is required."""
+    rollback is required.  A group directory holding no checkpoint file yet may show (an ordinary
+    directory: no evidence, issue 10) or be hidden (its group was already opened)."""
     out: list[list[dict[str, tuple]]] = []
     sealed_at: dict[str, int] = {}
     for j, s in enumerate(states):
@@ -1052,7 +1066,10 @@ def views(states: list[dict[str, tuple]], model: str = "weak") -> list[list[dict
         for d, markers in groups.items():
             k = sealed_at.get(d)
             if k is None or not any(f"{d}/{m}" in s for m in markers):
-                cands = [_split(c, d)[0] for c in cands]
+                hidden = [_split(c, d)[0] for c in cands]
+                # no checkpoint file in it yet: an ordinary directory, or (its group_open already
+                # durable, the save cut by the crash) a torn group: either may show
+                cands = cands + hidden if not _has_evidence(s, d) else hidden
                 continue
             _, old = _split(states[k], d)
             _, cur = _split(s, d)
