@@ -124,7 +124,6 @@ class CkptFS(GroupOps):
         self.recovery = recover(store, self.journal)
         self.records: dict[str, FileRecord] = self.recovery.files
         self.groups = self.recovery.groups
-        self.tentative = {}
         self.aborts: collections.deque[dict] = collections.deque(self.recovery.aborts, maxlen=100)
         self.last_abort: dict[str, str] = {}
         self.pending: dict[str, Version] = {}  # path -> version open for writing
@@ -141,7 +140,7 @@ class CkptFS(GroupOps):
         self._stop = threading.Event()
         self._housekeeper: threading.Thread | None = None
         if housekeeping_interval > 0:
-            exits.watcher()  # process exit events from now on (group_ops._judge_made)
+            exits.watcher()  # process exit events from now on (group_ops._judge_tentative)
             self._housekeeper = threading.Thread(target=self._housekeep, args=(housekeeping_interval,),
                                                  name="ckptfs-housekeeper", daemon=True)
             self._housekeeper.start()
@@ -1267,7 +1266,7 @@ class CkptFS(GroupOps):
             }
         out: dict[str, str] = {}
         g = self.groups.get(path)
-        if g is not None and g.state in (OPEN, SEALED):
+        if g is not None and g.state in (OPEN, SEALED) and not g.tentative:
             out["user.ckptfs.status"] = CORRUPT if g.corrupt else g.state
             out["user.ckptfs.group"] = json.dumps(self.group_summary(g), sort_keys=True)
             if g.state == SEALED:

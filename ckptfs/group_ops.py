@@ -42,6 +42,7 @@ import errno
 import json
 import logging
 import os
+import re
 import stat
 import time
 from typing import Any
@@ -65,11 +66,12 @@ from .groups import (
 )
 from .recovery import drop_prefix, move_group, move_prefix, parent, quarantine_target, rmtree
 from .rollback import apply_rollback, apply_rollback_state, make_durable, rollback_plan
-from .rules import SIGNATURE_DEPTH, TMP_DIR_RE, Rule, parent_and_base, step_of
+from .rules import CHECKPOINT_FILES, SIGNATURE_DEPTH, TMP_DIR_RE, Rule, parent_and_base, step_of
 
 log = logging.getLogger("ckptfs.groups")
 
 EXPLICIT = Rule("explicit", idle_seal=False)
+CHECKPOINT_RE = re.compile(CHECKPOINT_FILES)
 LATE = "file added after the seal:"
 
 
@@ -79,21 +81,25 @@ def _err(code: int, msg: str = "") -> OSError:
 
 class GroupOps:
     groups: dict[str, GroupState]
-    tentative: dict[str, int]  # directory a rule names -> the process that made it (not a group yet)
 
     # ---------------------------------------------------------------- lookup
     def _group_of(self, path: str) -> GroupState | None:
-        """The live (open/sealed) group strictly containing ``path``: its outermost group ancestor."""
+        """The live (open/sealed) group strictly containing ``path``: its outermost group ancestor.
+        Tentative groups (no evidence yet) are not groups for this purpose."""
         parts = path.split("/")
         for i in range(1, len(parts)):
             g = self.groups.get("/".join(parts[:i]))
-            if g is not None and g.state in (OPEN, SEALED):
+            if g is not None and g.state in (OPEN, SEALED) and not g.tentative:
                 return g
         return None
 
     def _live_group(self, path: str) -> GroupState | None:
         g = self.groups.get(path)
-        return g if g is not None and g.state in (OPEN, SEALED) else None
+        return g if g is not None and g.state in (OPEN, SEALED) and not g.tentative else None
+
+    def _tentative_group(self, path: str) -> GroupState | None:
+        g = self.groups.get(path)
+        return g if g is not None and g.state == OPEN and g.tentative else None
 
     def _rule_of(self, g: GroupState) -> Rule:
         return self.rules.rule(g.rule) or EXPLICIT
@@ -122,14 +128,17 @@ class GroupOps:
         return True
 
     # ------------------------------------------------------------- opening
-    def _open_group(self, d: str, rule: Rule, pid: int) -> GroupState:
+    def _open_group(self, d: str, rule: Rule, pid: int, tentative: bool = False) -> GroupState:
         """Journal and register an open group at ``d``.  Caller holds commit_lock (G4)."""
         now = time.time()
         step = step_of(os.path.basename(d))
         gid = new_group_id()
-        self.journal.append({"op": "group_open", "path": d, "rule": rule.name, "id": gid, "time": now,
-                             "step": step}, sync=False)
-        g = GroupState(path=d, rule=rule.name, id=gid, state=OPEN, created_at=now, step=step)
+        entry: dict[str, Any] = {"op": "group_open", "path": d, "rule": rule.name, "id": gid, "time": now,
+                                 "step": step}
+        if tentative:
+            entry["tentative"] = True
+        self.journal.append(entry, sync=False)
+        g = GroupState(path=d, rule=rule.name, id=gid, state=OPEN, created_at=now, step=step, tentative=tentative)
         if pid:
             g.pids.append(procinfo.tgid(pid))
         g.last_activity = now
@@ -171,9 +180,13 @@ class GroupOps:
                 if g is None:
                     g = self._live_group(d)
                 if g is None:
-                    if not self._groupable(d):
+                    t = self._tentative_group(d)
+                    if t is not None:
+                        g = self._promote(t, rule, pid)
+                    elif not self._groupable(d):
                         return
-                    g = self._open_group(d, rule, pid)
+                    else:
+                        g = self._open_group(d, rule, pid)
         if self._rule_of(g).idle_seal and os.path.dirname(path) == g.path:
             crule = self.rules.content_rule(os.path.basename(path))
             if crule is not None and crule.has_completion_event and not crule.idle_seal:
@@ -192,11 +205,24 @@ class GroupOps:
         g.last_activity = time.time()
         g.written = True
 
+    def _promote(self, g: GroupState, rule: Rule, pid: int) -> GroupState:
+        """Evidence arrived in a tentative group: it is a group now (journaled, so recovery knows).
+        Caller holds commit_lock."""
+        if not g.made_by_writer:  # else keep the sibling's layout (dcp for a torchtitan step-N)
+            g.rule = rule.name
+        g.tentative, g.made_by_writer = False, False
+        self.journal.append({"op": "group_open", "path": g.path, "rule": g.rule, "id": g.id, "time": time.time(),
+                             "step": g.step}, sync=False)
+        if pid and procinfo.tgid(pid) not in g.pids:
+            g.pids.append(procinfo.tgid(pid))
+        return g
+
     def _member_evidence(self, g: GroupState, path: str) -> bool:
         """Whether ``path`` in g is a checkpoint file of its layout (its rewrite is a re-save that
         needs the completion event again); a note, log or README rewritten in a sealed group only
         makes it reseal (G10)."""
-        return self._rule_of(g).signs(os.path.basename(path))
+        base = os.path.basename(path)
+        return self._rule_of(g).signs(base) or CHECKPOINT_RE.fullmatch(base) is not None
 
     def _note_group_link(self, new: str, pid: int) -> None:
         """A hard link ``new`` is about to be made (commit_lock held): an addition to its group (G10)."""
@@ -219,7 +245,7 @@ class GroupOps:
         t = procinfo.tgid(pid)
         d = parent(path)
         for s in self.groups.values():
-            if (s.state in (OPEN, SEALED) and t in s.pids and parent(s.path) == d
+            if (s.state in (OPEN, SEALED) and not s.tentative and t in s.pids and parent(s.path) == d
                     and self.rules.dir_rule(os.path.basename(s.path)) is rule):
                 return s
         return None
@@ -266,56 +292,54 @@ class GroupOps:
             self._reopen(g, path, replaces=True)
 
     def _note_group_mkdir(self, path: str, pid: int) -> None:
-        """A directory was created (commit_lock held).  Its name alone never makes a group; it opens
-        one only when a rule names it *and* its maker wrote into a sibling group (a trainer starting
-        its next save), so that save, killed before its first file, is torn, not an empty
-        directory that resume logic would pick (``made_by_writer``)."""
+        """A directory was created (commit_lock held).  Its name alone never makes a group: one a
+        rule names becomes a *tentative* group (journaled, so a daemon crash is judged too; hidden
+        from the committed view; no status change of the directory itself).  Evidence (a file of
+        its layout) promotes it; once its maker is gone it is torn only if still empty and its maker
+        was killed or failed (or, without exit events, had written a sibling group of the same
+        layout), and released otherwise (``_judge_tentative``)."""
         if self._group_of(path) is not None:
             return
         rule = self.rules.dir_rule(os.path.basename(path))
-        if rule is None:
+        if rule is None or not rule.on_mkdir:
             return
         sib = self._sibling_writer(path, rule, pid)
-        if sib is not None:
-            g = self._open_group(path, self._rule_of(sib), pid)  # the sibling's layout (dcp in step-N)
-            g.made_by_writer = True
-        elif pid:
-            self.tentative[path] = procinfo.tgid(pid)  # judged when its maker is gone (_judge_made)
+        g = self._open_group(path, self._rule_of(sib) if sib is not None else rule, pid, tentative=True)
+        g.made_by_writer = sib is not None
 
-    def _judge_made(self, d: str | None = None) -> None:
-        """Directories a rule names, made by a process that is now gone (``tentative``; under ``d``
-        only, if given): if it was killed (or failed) before anything was written into the
-        directory, the save it started was interrupted: the empty directory is torn, so resume
-        logic that picks the highest ``checkpoint-N`` / ``step-N`` does not pick it.  A maker that
-        exited normally (``mkdir -p``) leaves an ordinary directory (issue 10).  Needs the kernel's
-        process exit events (exits.py); without them nothing is judged here."""
-        pre = d + "/" if d else ""
-        for path, maker in list(self.tentative.items()):
-            if d is not None and not (path.startswith(pre) and "/" not in path[len(pre):]):
-                continue
-            if procinfo.is_alive(maker):
-                continue
-            self.tentative.pop(path, None)
-            try:
-                empty = not self.store.listdir(path) and not self._children_pending(path)
-            except OSError:
-                continue  # gone or moved
-            if not empty or self._live_group(path) is not None or self._group_of(path) is not None:
-                continue
+    def _judge_tentative(self, g: GroupState) -> bool:
+        """A tentative group whose maker may be gone: tear it (True) or release it.  Caller holds no
+        lock."""
+        if any(procinfo.is_alive(p) for p in g.pids) or self._children_pending(g.path):
+            return False
+        try:
+            empty = not self.store.listdir(g.path)
+        except OSError:
+            empty = False
+        why = ""
+        if empty:
             w = exits.watcher()
-            why = exits.interrupted(w.wait_status(maker) if w.available else None)
-            if not why:
-                continue
-            rule = self.rules.dir_rule(os.path.basename(path))
-            if rule is None:
-                continue
-            self._barrier()
-            with self.commit_lock:
-                if self.groups.get(path) is not None or not self.store.exists(path) or self.store.listdir(path):
-                    continue
-                g = self._open_group(path, rule, 0)
-                g.reason = f"writer killed: its maker (pid {maker}) {why} before writing a file into it"
-                self._tear(g, g.reason)
+            if w.available and g.pids:
+                why = exits.interrupted(w.wait_status(g.pids[0]))
+                if why:
+                    why = f"its maker (pid {g.pids[0]}) {why} before writing a file into it"
+            elif g.made_by_writer:
+                why = "its maker, a writer of a sibling group, exited before writing a file into it"
+        if not why:
+            self._release(g)
+            return False
+        self._barrier()
+        with self.commit_lock:
+            if self.groups.get(g.path) is not g or g.state != OPEN or not g.tentative:
+                return False
+            try:
+                if self.store.listdir(g.path):
+                    return False
+            except OSError:
+                return False
+            g.reason, g.tentative = f"writer killed: {why}", False
+            self._tear(g, g.reason)
+        return True
 
     # -------------------------------------------------------------- sealing
     def _seal_group(self, g: GroupState, event: str, pid: int = 0) -> bool:
@@ -454,6 +478,8 @@ class GroupOps:
         without such evidence is released: its directory stays, ordinary.  True if quarantined."""
         if g.state != OPEN or g.seal_requested:
             return False
+        if g.tentative:
+            return self._judge_tentative(g)
         interrupted = self._interrupted(g)
         if not interrupted:
             if not g.pids or any(procinfo.is_alive(p) for p in g.pids):
@@ -461,7 +487,7 @@ class GroupOps:
             has_files = self._has_files(g)
             if self._rule_of(g).idle_seal and not self._expects_marker(g) and (has_files or g.written):
                 return False  # idle-seal layouts: a finished save cannot be told from a killed one
-            if not has_files and not g.made_by_writer:
+            if not has_files:
                 self._release(g)
                 return False
         pre = g.path + "/"
@@ -474,8 +500,6 @@ class GroupOps:
                 return False
             if interrupted:
                 reason = interrupted
-            elif not self._has_files(g):
-                reason = "its maker, a checkpoint writer, exited before writing a file into it"
             elif self._expects_marker(g):
                 reason = f"every writer exited before {self._expects_marker(g)} (its siblings' marker) landed"
             else:
@@ -489,7 +513,9 @@ class GroupOps:
         stays as it is."""
         self._barrier()
         with self.commit_lock:
-            if g.state != OPEN or self.groups.get(g.path) is not g or self._busy(g) or self._has_files(g):
+            if g.state != OPEN or self.groups.get(g.path) is not g or self._busy(g):
+                return
+            if self._has_files(g) and not g.tentative:
                 return
             if g.late or self._prior_seal(g):
                 return  # a sealed group emptied by a change: its seal decides (reseal / rollback)
@@ -575,8 +601,6 @@ class GroupOps:
 
     def _sweep_children(self, d: str) -> None:
         """Before listing ``d``: quarantine torn/corrupt groups and settle abandoned deletions in it."""
-        if self.tentative:
-            self._judge_made(d)
         pre = d + "/" if d else ""
         for g in [g for g in self.groups.values() if g.state in (OPEN, TRASHED, SEALED) and g.path.startswith(pre)
                   and "/" not in g.path[len(pre):]]:
@@ -599,14 +623,12 @@ class GroupOps:
     def housekeeping(self) -> None:
         """Periodic: idle-seal groups whose rule allows it, quarantine torn ones."""
         now = time.time()
-        if self.tentative:
-            self._judge_made()
         for g in [g for g in self.groups.values() if g.state == TRASHED]:
             self._check_abandoned_delete(g)
         for g in [g for g in self.groups.values() if g.state == SEALED and g.corrupt]:
             self._quarantine_corrupt(g)
         for g in [g for g in self.groups.values() if g.state == OPEN]:
-            if self._check_torn(g):
+            if self._check_torn(g) or g.tentative:
                 continue
             rule = self._rule_of(g)
             idle = now - (g.last_activity or g.created_at)
@@ -622,12 +644,15 @@ class GroupOps:
         sealed groups).  Caller holds commit_lock; no file is open."""
         for g in [g for g in self.groups.values() if g.state == OPEN]:
             interrupted = self._interrupted(g)
-            if g.late and not interrupted:
+            if g.tentative:
+                self.journal.append({"op": "group_forget", "path": g.path}, sync=False)
+                del self.groups[g.path]  # no checkpoint file came: an ordinary directory
+            elif g.late and not interrupted:
                 self._seal_group(g, "unmount (files added after the seal)")
             elif (self._rule_of(g).idle_seal and not interrupted and self._has_files(g)
                   and not self._expects_marker(g)):
                 self._seal_group(g, "unmount (idle)")
-            elif not interrupted and not self._has_files(g) and not g.made_by_writer and not g.manifest_blake3:
+            elif not interrupted and not self._has_files(g) and not g.manifest_blake3:
                 self.journal.append({"op": "group_forget", "path": g.path}, sync=False)
                 del self.groups[g.path]  # nothing of a checkpoint in it: an ordinary directory
             else:
@@ -856,7 +881,7 @@ class GroupOps:
 
     def groups_in(self, d: str) -> list[dict[str, Any]]:
         """Groups directly inside directory ``d`` (any state), oldest step first."""
-        out = [self.group_summary(g) for g in self.groups.values() if parent(g.path) == d]
+        out = [self.group_summary(g) for g in self.groups.values() if parent(g.path) == d and not g.tentative]
         return sorted(out, key=lambda x: (x["step"] if x["step"] is not None else -1, x["created_at"]))
 
     def groups_json_attr(self, d: str) -> str:

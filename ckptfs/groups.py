@@ -74,7 +74,8 @@ class GroupState:
     corrupt: str = ""  # a file failed verification; quarantined by the next sweep (live only)
     written: bool = False  # a file was ever created in it (live only)
     marker: str = ""  # the completion marker that sealed it (siblings of its layout then wait for one)
-    made_by_writer: bool = False  # opened at mkdir by a writer of a sibling group (live only)
+    tentative: bool = False  # opened at mkdir of a directory a rule names, no evidence yet (issue 10)
+    made_by_writer: bool = False  # tentative, made by a writer of a sibling group (live only)
     refused: dict[str, str] = field(default_factory=dict)  # incomplete files refused at close (live only)
 
     def to_json(self) -> dict[str, Any]:

@@ -107,9 +107,11 @@ def apply_group_entry(files: dict[str, FileRecord], groups: dict[str, GroupState
         prev = groups.get(e["path"])
         if prev is not None and prev.id and prev.id == e.get("id") and prev.state in (OPEN, SEALED):
             prev.state, prev.late = OPEN, bool(e.get("late", False))  # reopened after its seal (G10)
+            prev.tentative, prev.rule = bool(e.get("tentative", False)), e.get("rule", prev.rule)  # evidence came
             return
         groups[e["path"]] = GroupState(path=e["path"], rule=e["rule"], id=e.get("id", ""), state=OPEN,
-                                       created_at=float(e.get("time", 0)), step=e.get("step"))
+                                       created_at=float(e.get("time", 0)), step=e.get("step"),
+                                       tentative=bool(e.get("tentative", False)))
     elif op == "group_seal":
         g = groups.get(e["path"])
         if g is not None:
@@ -227,6 +229,17 @@ def settle_groups(store: BackingStore, files: dict[str, FileRecord], groups: dic
                     g.state, g.moved_to, g.reason = TORN, target, "not sealed before the crash"
                 else:
                     del groups[path]
+                continue
+            if g.tentative:  # made by mkdir, no checkpoint file yet (issue 10)
+                if store.listdir(path):
+                    del groups[path]  # ordinary files only: an ordinary directory, untouched
+                    continue
+                # empty: a save that its maker started was cut by the crash (the daemon resolves a
+                # maker that exited normally within a second); quarantined like any torn group
+                state, reason = TORN, "made for a save the crash interrupted before its first file"
+                move_group(store, path, target)
+                g.state, g.moved_to, g.reason, g.tentative = state, target, reason, False
+                notes.append(f"{path}: {state} ({reason}) -> {target}")
                 continue
             if g.late:  # only files added after its seal: they are committed, reseal with them (G10)
                 notes.append(_reseal(store, files, g))

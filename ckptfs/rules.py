@@ -82,6 +82,7 @@ class Rule:
     unfinished_suffix: str = ""
     idle_seal: bool = False
     signature: str = CHECKPOINT_FILES  # regex over a file's base name: the files this layout writes
+    on_mkdir: bool = True  # a directory it names, made by mkdir, is a tentative group (issue 10)
     _re: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
     _contains_re: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
     _sig_re: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
@@ -125,7 +126,8 @@ DEFAULT_RULES: tuple[Rule, ...] = (
     # torch.distributed.checkpoint: *.distcp shards, then .metadata (tmp + rename) by the coordinator.
     Rule("dcp", contains=r"__\d+_\d+\.distcp", markers=(".metadata",)),
     # Orbax: <step>.orbax-checkpoint-tmp-<ts> renamed to <step>; or commit_success.txt.
-    Rule("orbax", pattern=r"\d+", markers=("commit_success.txt",), signature=ORBAX_FILES),
+    # (on_mkdir=False: "N" is too common a name, .git/objects/42, logs/2024; Orbax renames a tmp dir)
+    Rule("orbax", pattern=r"\d+", markers=("commit_success.txt",), signature=ORBAX_FILES, on_mkdir=False),
     # NeMo: <name> with a sibling <name>-unfinished marker removed when done.
     Rule("nemo", pattern=r".*step=\d+.*", unfinished_suffix="-unfinished", markers=(".metadata",)),
     # Generic step directories: sealed by a DCP .metadata, a COMMIT file, a rename, or idleness.

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from conftest import Mount, _env, run_py
 
@@ -153,19 +154,28 @@ os.makedirs(os.path.join(root, "checkpoint-2"))   # the next save starts ... and
 """
 
 
-def test_empty_dir_made_by_a_checkpoint_writer_is_torn_but_not_by_mkdir(mnt: Mount) -> None:
-    """An empty directory is torn only when the process that made it had written a sibling group of
-    the same layout (a trainer whose next save died before its first file: HF's resume would pick
-    the empty checkpoint-2).  ``mkdir checkpoint-3`` by anyone else stays."""
-    subprocess.run([sys.executable, "-c", MAKER, str(mnt.path)], check=True, env=_env())
-    subprocess.run(["mkdir", str(mnt.path / "checkpoint-3")], check=True)
-    time.sleep(JUDGED)
-    assert sorted(os.listdir(mnt.path)) == ["checkpoint-1", "checkpoint-3"]
-    rows = {r["path"]: r for r in groups(mnt.path, mnt.path)}
-    assert rows["checkpoint-2"]["state"] == "torn"
-    assert "checkpoint-3" not in rows
-    mnt.remount()
-    assert sorted(os.listdir(mnt.path)) == ["checkpoint-1", "checkpoint-3"]
+@pytest.mark.parametrize("exit_events", [True, False])
+def test_empty_dir_made_by_a_checkpoint_writer(tmp_path: Path, exit_events: bool) -> None:
+    """A trainer that sealed checkpoint-1 makes checkpoint-2 and ends without writing into it.  With
+    the kernel's exit events ckptfs knows it exited normally: the directory stays (a normal exit is
+    no evidence).  Without them (not root: CKPTFS_EXIT_EVENTS=0 here) the fallback evidence is that
+    a writer of a sibling group of the same layout made it: torn, so HF's resume does not pick an
+    empty checkpoint-2.  ``mkdir checkpoint-3`` by anyone else stays either way."""
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    with Mount(d, env=None if exit_events else {"CKPTFS_EXIT_EVENTS": "0"}) as m:
+        subprocess.run([sys.executable, "-c", MAKER, str(m.path)], check=True, env=_env())
+        subprocess.run(["mkdir", str(m.path / "checkpoint-3")], check=True)
+        time.sleep(JUDGED)
+        want = ["checkpoint-1", "checkpoint-2", "checkpoint-3"] if exit_events else ["checkpoint-1", "checkpoint-3"]
+        assert sorted(os.listdir(m.path)) == want
+        rows = {r["path"]: r for r in groups(m.path, m.path)}
+        assert ("checkpoint-2" in rows) == (not exit_events)
+        if not exit_events:
+            assert rows["checkpoint-2"]["state"] == "torn" and "sibling" in rows["checkpoint-2"]["reason"]
+        assert "checkpoint-3" not in rows
+        m.remount(env=None if exit_events else {"CKPTFS_EXIT_EVENTS": "0"})
+        assert sorted(os.listdir(m.path)) == want
 
 
 def test_note_rewritten_in_a_sealed_group_reseals_it(mnt: Mount) -> None:

@@ -434,7 +434,8 @@ def test_checkpoint_dir_written_while_unmounted_is_untracked(tmp_path: Path) -> 
         assert torch.equal(torch.load(m.path / "checkpoint-2/model.pt")["w"], torch.full((64,), 2.0))
         torch.save({"w": torch.zeros(2)}, m.path / "checkpoint-2" / "extra.pt")
         assert status(m.path / "checkpoint-2") == "untracked"  # legacy files: never adopted as a group
-        assert status(m.path / "checkpoint-3") == "untracked"
+        with pytest.raises(OSError):  # empty: an ordinary directory (issue 10), no status at all
+            status(m.path / "checkpoint-3")
         torch.save({"w": torch.ones(2)}, m.path / "checkpoint-3" / "model.pt")
         assert status(m.path / "checkpoint-3") == "open"
         (m.path / "checkpoint-3" / "trainer_state.json").write_text("{}")
