@@ -1126,7 +1126,9 @@ class CkptFS(GroupOps):
         that follows replaces ``old`` atomically.  Which one is read from the caller's blocked
         system call (procinfo.blocked_in); unknown counts as an unlink (then a rename over an open
         file is an unlink followed by the rename, not atomic for a crash in between)."""
-        if procinfo.blocked_in(caller.pid) != "rename":
+        kind = procinfo.blocked_in(caller.pid)
+        self.stats[f"hidden_before_{kind or 'unknown'}"] += 1
+        if kind != "rename":
             self.unlink(old, caller)
         with self.lock:
             self.hidden[hidden] = old

@@ -428,6 +428,9 @@ def test_reader_keeps_old_bytes_across_replace(mnt: Mount, tmp_path: Path) -> No
     expected = {"sha": hashlib.sha256(old).hexdigest(), "len": len(old), "st_size": len(old)}
     assert _replace_under_reader(native, old, new_src) == expected
     assert _replace_under_reader(mnt.path, old, new_src) == expected
+    # the rename replaced the open file atomically (no unlink first: fs.CkptFS._hide)
+    stats = json.loads(os.getxattr(mnt.path, "user.ckptfs.stats"))
+    assert stats.get("hidden_before_rename", 0) >= 1 and "hidden_before_unknown" not in stats, stats
 
 
 def _open_unlink_fstat_pread(d: Path, data: bytes) -> dict:
