@@ -245,7 +245,7 @@ class CkptFS(GroupOps):
             "st_mode": st.st_mode, "st_ino": self.inodes.reported(st.st_ino), "st_nlink": st.st_nlink,
             "st_uid": st.st_uid, "st_gid": st.st_gid, "st_size": st.st_size,
             "st_atime": st.st_atime_ns, "st_mtime": st.st_mtime_ns, "st_ctime": st.st_ctime_ns,
-            "st_blocks": st.st_blocks, "st_blksize": st.st_blksize,
+            "st_blocks": st.st_blocks, "st_blksize": st.st_blksize, "st_rdev": st.st_rdev,
         }
 
     def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:

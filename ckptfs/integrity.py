@@ -202,6 +202,10 @@ class Integrity:
             return None
         if st.st_ino != prev.ino:
             return None  # the path does not hold the recorded version: nothing to keep
+        if st.st_nlink > 1:
+            # a hard link names it elsewhere (cp -al, rsync --link-dest): it stays there, and a kept
+            # link would show as an extra st_nlink on that name (pjdfstest rename/23)
+            return None
         s = self.states.get(version_key(st, prev))
         if s is not None and s.bad is not None:
             return None  # known corrupt: never a rollback target
