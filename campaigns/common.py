@@ -14,6 +14,7 @@ import platform
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,18 @@ def machine() -> str:
         pass
     return (f"{platform.machine()} {cpu}, {os.cpu_count()} cores, Linux {platform.release()}, "
             f"Python {platform.python_version()}, torch {torch.__version__}")
+
+
+def fstype() -> str:
+    """The filesystem the temp directory (where campaigns run) is on."""
+    tmp = os.path.realpath(tempfile.gettempdir())
+    best = ("?", "")
+    with open("/proc/mounts") as fh:
+        for ln in fh:
+            parts = ln.split()
+            if tmp.startswith(parts[1]) and len(parts[1]) >= len(best[1]):
+                best = (parts[2], parts[1])
+    return f"{tmp} on {best[0]}"
 
 
 def dump(result: dict, path: str | None) -> None:

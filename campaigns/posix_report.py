@@ -16,16 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from . import pjdfstest as pjd
-from .common import ROOT, interruptible
+from .common import ROOT, fstype, interruptible, machine
 
 RESULTS = ROOT / "docs" / "results"
 
@@ -41,28 +39,6 @@ def _commit() -> str:
         return "unknown"
 
 
-def _machine() -> str:
-    cpu = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
-    except OSError:
-        pass
-    return f"{platform.machine()} {cpu}, {os.cpu_count()} cores"
-
-
-def _fstype() -> str:
-    """The filesystem /tmp (where both runs happen) is on."""
-    tmp = os.path.realpath(tempfile.gettempdir())
-    best = ("?", "")
-    with open("/proc/mounts") as fh:
-        for ln in fh:
-            parts = ln.split()
-            if tmp.startswith(parts[1]) and len(parts[1]) >= len(best[1]):
-                best = (parts[2], parts[1])
-    return f"{tmp} on {best[0]}"
-
-
 def _summary(run: pjd.Run) -> dict:
     fails = run.failures()
     return {"wall_s": round(run.wall_s, 1), "files": len(run.files), "tests": run.tests,
@@ -73,7 +49,7 @@ def _summary(run: pjd.Run) -> dict:
 
 def run_both(testdirs: list[str]) -> dict:
     res: dict = {"date": time.strftime("%Y-%m-%d %H:%M %Z"), "kernel": platform.release(),
-                 "commit": _commit(), "machine": _machine(), "backing": _fstype(),
+                 "commit": _commit(), "machine": machine(), "backing": fstype(),
                  "testdirs": testdirs or "all", "build": str(pjd.build())}
     with pjd.public_tmpdir("pjd-native-") as d:
         print("native: running pjdfstest in", d, flush=True)

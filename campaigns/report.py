@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from . import daemon, faultsweep, resume, writer
-from .common import ROOT, interruptible, machine, wilson
+from .common import ROOT, fstype, interruptible, machine, wilson
 
 RESULTS = ROOT / "docs" / "results"
 QUICK = {"writer_scale": 0.05, "per_point": 1, "recovery": 1, "random": 2, "kills": 8}
@@ -102,7 +102,7 @@ def render(res: dict[str, dict], machine_line: str) -> str:
     L = ["# Reliability results", "",
          f"Written by `scripts/reliability_report` from the raw JSON in `docs/results/raw/` "
          f"(generated {time.strftime('%Y-%m-%d %H:%M')}).", "",
-         f"Machine: {machine_line}. Backing filesystem: the temp directory's ({_fstype()}).", "",
+         f"Machine: {machine_line}. Backing filesystem: the temp directory's ({fstype()}).", "",
          "Commands (each runs on its own; the report runs them all):", ""]
     L += [f"* `{v['command']}` - {v.get('date', '')}, {v.get('wall_s', '?')} s" for v in res.values()
           if isinstance(v, dict) and "command" in v]
@@ -201,15 +201,6 @@ def _modelcheck_tables(mc: dict, cmd: str) -> list[str]:
     return L
 
 
-def _fstype() -> str:
-    tmp = os.path.realpath(tempfile.gettempdir())
-    best = ("?", "")
-    with open("/proc/mounts") as fh:
-        for ln in fh:
-            parts = ln.split()
-            if tmp.startswith(parts[1]) and len(parts[1]) >= len(best[1]):
-                best = (parts[2], parts[1])
-    return f"{tmp} on {best[0]}"
 
 
 def main(argv: list[str] | None = None) -> int:
