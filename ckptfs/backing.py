@@ -98,6 +98,9 @@ class BackingStore(Protocol):
     def setxattr(self, path: str, name: str, value: bytes, flags: int) -> None: ...
     def listxattr(self, path: str) -> list[str]: ...
     def removexattr(self, path: str, name: str) -> None: ...
+    def flistxattr(self, fd: int) -> list[str]: ...
+    def fgetxattr(self, fd: int, name: str) -> bytes: ...
+    def fsetxattr(self, fd: int, name: str, value: bytes) -> None: ...
 
 
 class OsBackingStore:
@@ -325,3 +328,12 @@ class OsBackingStore:
         if not hasattr(os, "removexattr"):
             raise OSError(errno.ENOTSUP, "xattrs unsupported")
         self._xattr_call(path, os.removexattr, name)
+
+    def flistxattr(self, fd: int) -> list[str]:
+        return os.listxattr(fd) if hasattr(os, "listxattr") else []
+
+    def fgetxattr(self, fd: int, name: str) -> bytes:
+        return os.getxattr(fd, name)
+
+    def fsetxattr(self, fd: int, name: str, value: bytes) -> None:
+        os.setxattr(fd, name, value)

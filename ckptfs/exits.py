@@ -73,19 +73,27 @@ class ExitWatcher:
                 log.warning("process exit events stopped: %s", e)
                 self.available = False
                 return
-            off = 0
-            while off + _NLHDR.size <= len(data):
-                ln = _NLHDR.unpack_from(data, off)[0]
-                if ln < _NLHDR.size:
-                    break
-                body = off + _NLHDR.size + _CNHDR.size
-                if body + _EVHDR.size + _EXIT.size <= off + ln:
-                    what = _EVHDR.unpack_from(data, body)[0]
-                    if what == PROC_EVENT_EXIT:
-                        pid, tgid, code, _sig = _EXIT.unpack_from(data, body + _EVHDR.size)
-                        if pid == tgid:
-                            self._record(tgid, code)
-                off += (ln + 3) & ~3
+            try:
+                self._parse(data)
+            except Exception:  # never a silent death: callers fall back to weaker evidence
+                log.exception("process exit events: unparsable message; no longer used")
+                self.available = False
+                return
+
+    def _parse(self, data: bytes) -> None:
+        off = 0
+        while off + _NLHDR.size <= len(data):
+            ln = _NLHDR.unpack_from(data, off)[0]
+            if ln < _NLHDR.size or off + ln > len(data):
+                return
+            body = off + _NLHDR.size + _CNHDR.size
+            if body + _EVHDR.size + _EXIT.size <= off + ln:
+                what = _EVHDR.unpack_from(data, body)[0]
+                if what == PROC_EVENT_EXIT:
+                    pid, tgid, code, _sig = _EXIT.unpack_from(data, body + _EVHDR.size)
+                    if pid == tgid:
+                        self._record(tgid, code)
+            off += (ln + 3) & ~3
 
     def _record(self, tgid: int, code: int) -> None:
         with self.cond:

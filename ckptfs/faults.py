@@ -17,7 +17,7 @@ from .backing import BackingStore
 #: operations that change or persist backing state (where an error matters)
 MUTATING = ("open", "pwrite", "ftruncate", "fsync", "fdatasync", "copy_range", "mkdir", "rmdir",
             "unlink", "rename", "link", "symlink", "mknod", "fsync_dir", "chmod", "chown", "fchown", "fchmod",
-            "utime", "setxattr")
+            "utime", "setxattr", "fsetxattr")
 
 
 class FaultyStore:

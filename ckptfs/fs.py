@@ -261,7 +261,7 @@ class CkptFS(GroupOps):
             if h.fd is not None:
                 return self._st(self.store.fstat(h.fd))
         if path in self.hidden:
-            return self._st(self.store.fstat(self._hidden_fd(path)))
+            return self._st(self._on_hidden(path, self.store.fstat))
         self._check_visible(path)
         v = self._visible(path)
         if v is not None:
@@ -366,12 +366,12 @@ class CkptFS(GroupOps):
 
     def _new_version(self, path: str, mode: int, caller: Caller, src: Version | None = None,
                      src_fd: int | None = None, like: os.stat_result | None = None,
-                     xattrs_from: str | None = None) -> Version:
+                     xattrs_from: int | None = None) -> Version:
         """Create a staged version of ``path``; cloned from src/src_fd if given.
 
         Invariant (transparency): a new version of an existing file (``like``: the stat of the
         version it replaces) gets that file's owner, group, mode and extended attributes
-        (``xattrs_from``: the backing path holding them), so a rewrite through the mount changes
+        (``xattrs_from``: an open fd of it), so a rewrite through the mount changes
         the bytes only, as an in-place write does natively.  A new file gets exactly the requested
         mode (the kernel has applied the caller's umask; the daemon runs with umask 0) and the
         owner :meth:`_new_owner` gives."""
@@ -386,11 +386,19 @@ class CkptFS(GroupOps):
                 uid, gid, perm = like.st_uid, like.st_gid, stat.S_IMODE(like.st_mode)
             else:
                 (uid, gid), perm = self._new_owner(path, caller), stat.S_IMODE(mode)
+                if perm & stat.S_ISGID and caller.uid != 0 and caller is not NOBODY \
+                        and gid != caller.gid and gid not in procinfo.groups(caller.pid):
+                    perm &= ~stat.S_ISGID  # as the VFS does for a non-member (kernels before 6.0 leave it to us)
             if self._as_root:
                 self.store.fchown(fd, uid, gid)
+            else:
+                try:
+                    self.store.fchown(fd, -1, gid)  # the group at least, where the daemon's user may
+                except OSError:
+                    pass
             self.store.fchmod(fd, perm)  # after the chown, which clears setuid/setgid
             if xattrs_from is not None:
-                self._copy_xattrs(xattrs_from, name)
+                self._copy_xattrs(xattrs_from, fd)
             if src is not None:
                 self.store.copy_range(src.fd, fd, src.size)
                 v.size = src.size
@@ -405,17 +413,23 @@ class CkptFS(GroupOps):
             raise
         return v
 
-    def _copy_xattrs(self, src: str, dst: str) -> None:
-        """Copy every extended attribute (user.*, ACLs, security.*) of backing path src to dst."""
+    def _copy_xattrs(self, src: int, dst: int) -> None:
+        """Copy every extended attribute (user.*, ACLs, security labels) of the open file ``src`` to
+        ``dst``, except ``security.capability``: natively any write drops it, and a rewrite through
+        the mount is a write."""
         try:
-            names = self.store.listxattr(src)
+            names = self.store.flistxattr(src)
         except OSError:
             return
         for n in names:
+            if n == "security.capability" or n.startswith(XATTR_PREFIX):
+                continue
             try:
-                self.store.setxattr(dst, n, self.store.getxattr(src, n), 0)
+                self.store.fsetxattr(dst, n, self.store.fgetxattr(src, n))
             except OSError as e:
-                log.debug("xattr %s of %s not copied to its new version: %s", n, src, e)
+                if e.errno in (errno.EIO, errno.ENOSPC, errno.EDQUOT):
+                    raise  # the disk failed: the caller must hear it
+                log.debug("xattr %s not copied to the new version: %s", n, e)  # (not permitted, unsupported)
 
     def _drop_staging(self, v: Version) -> None:
         try:
@@ -441,8 +455,7 @@ class CkptFS(GroupOps):
                 raise _err(errno.EEXIST)
             if not self.store.exists(parent(path)):
                 raise _err(errno.ENOENT)
-        like, xsrc = self._existing_attrs(path)
-        v = self._new_version(path, mode, caller, like=like, xattrs_from=xsrc)
+        v = self._new_version_like(path, mode, caller)
         with self.lock:
             old = self.pending.get(path)
             if old is not None and old.state == "open":
@@ -469,8 +482,7 @@ class CkptFS(GroupOps):
             v = self._visible(path)
             if writable and flags & os.O_TRUNC:
                 self._stat_or_stale(path)
-                like, xsrc = self._existing_attrs(path)
-                nv = self._new_version(path, 0, caller, like=like, xattrs_from=xsrc)
+                nv = self._new_version_like(path, 0, caller)
                 if v is not None and v.state == "open":
                     v.unlinked = True
                 self.pending[path] = nv
@@ -488,20 +500,35 @@ class CkptFS(GroupOps):
         self.integrity.bind(fd, chk)
         return self._new_fh(Handle(path=path, writable=writable, fd=fd, append=bool(flags & os.O_APPEND)))
 
-    def _existing_attrs(self, path: str) -> tuple[os.stat_result | None, str | None]:
-        """(stat, backing path of its xattrs) of the version a new one of ``path`` replaces, if any."""
+    def _existing_attrs(self, path: str) -> tuple[os.stat_result | None, int | None, bool]:
+        """(stat, an fd to copy its xattrs from, whether the caller must close that fd) of the
+        version a new one of ``path`` replaces, if any."""
         with self.lock:
             v = self._visible(path)
         if v is not None:
             try:
-                return self.store.fstat(v.fd), v.staging
+                return self.store.fstat(v.fd), v.fd, False
             except OSError:
                 pass
         try:
             st = self.store.lstat(path)
         except OSError:
-            return None, None
-        return (st, path) if stat.S_ISREG(st.st_mode) else (None, None)
+            return None, None, False
+        if not stat.S_ISREG(st.st_mode):
+            return None, None, False
+        try:
+            return st, self.store.open(path, os.O_RDONLY | os.O_NONBLOCK), True
+        except FileNotFoundError:
+            return None, None, False  # replaced meanwhile; an I/O error reaches the caller
+
+    def _new_version_like(self, path: str, mode: int, caller: Caller) -> Version:
+        """A new, empty version of ``path`` with the attributes of the version it replaces (if any)."""
+        like, xfd, close = self._existing_attrs(path)
+        try:
+            return self._new_version(path, mode, caller, like=like, xattrs_from=xfd)
+        finally:
+            if close and xfd is not None:
+                self.store.close(xfd)
 
     def _stat_or_stale(self, path: str) -> dict[str, Any]:
         """getattr for open(); a missing path gives ESTALE, not ENOENT.
@@ -524,19 +551,19 @@ class CkptFS(GroupOps):
         v = h.version
         if v is not None and v.state == "open":
             return v
-        self._note_group_write(h.path, caller.pid)
+        if h.path not in self.hidden:  # a write to an unlinked file changes no group
+            self._note_group_write(h.path, caller.pid)
         with h.lock:
             v = h.version
             if v is not None and v.state == "open":
                 return v
             if v is not None:
-                nv = self._new_version(h.path, 0, caller, src=v, like=self.store.fstat(v.fd),
-                                       xattrs_from=v.staging if self.store.exists(v.staging) else None)
+                nv = self._new_version(h.path, 0, caller, src=v, like=self.store.fstat(v.fd), xattrs_from=v.fd)
             else:
                 assert h.fd is not None
                 self.integrity.before_clone(h.fd)  # never launder corrupt bytes into a new commit
                 nv = self._new_version(h.path, 0, caller, src_fd=h.fd, like=self.store.fstat(h.fd),
-                                       xattrs_from=h.path if self.store.exists(h.path) else None)
+                                       xattrs_from=h.fd)
             with self.lock:
                 if v is not None:
                     v.refs -= 1
@@ -717,8 +744,11 @@ class CkptFS(GroupOps):
             self.journal.retract(mark)
             raise
         crashpoints.hit("installed")
-        if replaced is not None and replaced.st_ino != v.ino and replaced.st_nlink == 1:
-            self.inodes.drop(replaced.st_ino)
+        if replaced is not None and replaced.st_ino != v.ino:
+            if replaced.st_nlink == 1:
+                self.inodes.drop(replaced.st_ino)
+            else:
+                self.inodes.drop(v.ino)  # linked since the version began: the write breaks the link (N2, N3)
         try:
             self.store.fsync_dir(parent(v.path))
         except OSError as e:
@@ -834,6 +864,8 @@ class CkptFS(GroupOps):
         v = h.version
         if v is None:
             return
+        if v.doomed:  # a write failed: never committed, and every fsync says so (never success after EIO)
+            raise _err(v.doomed_errno or errno.EIO, f"ckptfs: {v.path} not committed: {v.doomed}")
         if (v.state == "open" and v.dirty and not v.unlinked) or v.state in ("queued", "committing"):
             # fsync of a file still open for writing installs it as a committed version, durable, like
             # a close does; a known-format file that is not complete yet (its writer fsyncs half-way)
@@ -841,7 +873,11 @@ class CkptFS(GroupOps):
             # close decides (one error, one log entry).  docs/design.md, "What fsync promises".
             if not self._commit(v, caller, wait=True, at_fsync=True):
                 with v.lock:
-                    self.store.fdatasync(v.fd)
+                    try:
+                        self.store.fdatasync(v.fd)
+                    except OSError as e:
+                        self._poison(v, f"fsync of the staged bytes failed: {e}", e.errno)
+                        raise
                 self.stats["fsync_staged"] += 1
         if v.error is not None:
             self._reported(v)
@@ -1103,15 +1139,17 @@ class CkptFS(GroupOps):
                     self.records.pop(new, None)
             self._after_install(new)
 
-    def _hidden_fd(self, path: str) -> int:
-        """A backing fd of the open, unlinked file libfuse calls ``path`` (.fuse_hidden...)."""
+    def _on_hidden(self, path: str, fn):  # type: ignore[no-untyped-def]
+        """``fn(fd)`` on a backing fd of the open, unlinked file libfuse calls ``path``
+        (.fuse_hidden...), under ``lock`` so no release closes that fd meanwhile (fstat, fchmod and
+        fchown are quick inode operations)."""
         with self.lock:
             for h in self.handles.values():
                 if h.path == path:
                     if h.version is not None and h.version.fd >= 0:
-                        return h.version.fd
+                        return fn(h.version.fd)
                     if h.fd is not None:
-                        return h.fd
+                        return fn(h.fd)
         raise _err(errno.ENOENT)
 
     def _hide(self, old: str, hidden: str, caller: Caller) -> None:
@@ -1129,16 +1167,14 @@ class CkptFS(GroupOps):
         kind = procinfo.blocked_in(caller.pid)
         self.stats[f"hidden_before_{kind or 'unknown'}"] += 1
         if kind != "rename":
-            self.unlink(old, caller)
+            self.unlink(old, caller)  # also drops a version being written at ``old`` (never installed)
         with self.lock:
             self.hidden[hidden] = old
             for h in self.handles.values():
                 if h.path == old:
                     h.path = hidden
-            for table in (self.pending, self.queued):
-                v = table.get(old)
-                if v is not None and v.state == "open" and any(h.version is v for h in self.handles.values()):
-                    v.unlinked = True  # its name is going: never installed (as a write to an unlinked file)
+            # before a rename, a version being written at ``old`` is left alone: the rename replaces
+            # it (rename() unlists it), and if the rename fails it is still the path's next version
 
     def rename(self, old: str, new: str, flags: int = 0, caller: Caller = NOBODY) -> None:
         old, new = self.norm(old), self.norm(new)
@@ -1207,6 +1243,7 @@ class CkptFS(GroupOps):
                 displaced = self.pending.get(new)
                 if displaced is not None and displaced.state == "open":
                     displaced.unlinked = True
+                    self._unlist(displaced)  # the renamed file is what the path shows now
                 for table in (self.pending, self.queued):
                     moved = [p for p in table if p == old or p.startswith(old + "/")]
                     for p in moved:
@@ -1216,6 +1253,8 @@ class CkptFS(GroupOps):
                 for h in self.handles.values():
                     if h.path == old or h.path.startswith(old + "/"):
                         h.path = new + h.path[len(old):]
+                for hp in [hp for hp in self.hidden if hp.startswith(old + "/")]:
+                    self.hidden[new + hp[len(old):]] = self.hidden.pop(hp)
             if on_disk:
                 self._after_rename(old, new, is_dir, caller.pid)
 
@@ -1227,7 +1266,7 @@ class CkptFS(GroupOps):
     def chmod(self, path: str, mode: int) -> None:
         path = self.norm(path)
         if path in self.hidden:
-            self.store.fchmod(self._hidden_fd(path), stat.S_IMODE(mode))
+            self._on_hidden(path, lambda fd: self.store.fchmod(fd, stat.S_IMODE(mode)))
             return
         self._check_visible(path)
         self.store.chmod(self._attr_target(path), stat.S_IMODE(mode))
@@ -1235,7 +1274,7 @@ class CkptFS(GroupOps):
     def chown(self, path: str, uid: int, gid: int) -> None:
         path = self.norm(path)
         if path in self.hidden:
-            self.store.fchown(self._hidden_fd(path), uid, gid)
+            self._on_hidden(path, lambda fd: self.store.fchown(fd, uid, gid))
             return
         self._check_visible(path)
         self.store.chown(self._attr_target(path), uid, gid)

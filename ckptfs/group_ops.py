@@ -244,7 +244,9 @@ class GroupOps:
             return None
         t = procinfo.tgid(pid)
         d = parent(path)
-        for s in self.groups.values():
+        with self.lock:
+            sibs = list(self.groups.values())
+        for s in sibs:
             if (s.state in (OPEN, SEALED) and not s.tentative and t in s.pids and parent(s.path) == d
                     and self.rules.dir_rule(os.path.basename(s.path)) is rule):
                 return s
@@ -333,8 +335,8 @@ class GroupOps:
             if self.groups.get(g.path) is not g or g.state != OPEN or not g.tentative:
                 return False
             try:
-                if self.store.listdir(g.path):
-                    return False
+                if self.store.listdir(g.path) or self._children_pending(g.path):
+                    return False  # something arrived meanwhile (a file being written counts)
             except OSError:
                 return False
             g.reason, g.tentative = f"writer killed: {why}", False
@@ -464,7 +466,9 @@ class GroupOps:
         too, even where its own rule would idle-seal (the seed paper's COMMIT.json writer; a run whose
         ``checkpoint-N`` were sealed by HF's trainer_state.json).  Empty if none was seen."""
         d, base = parent_and_base(g.path)
-        for s in self.groups.values():
+        with self.lock:
+            sibs = list(self.groups.values())
+        for s in sibs:
             if (s is not g and s.marker and parent(s.path) == d
                     and (s.rule == g.rule or self._rule_of(s).matches_dir(base))):
                 return s.marker
@@ -481,15 +485,18 @@ class GroupOps:
         if g.tentative:
             return self._judge_tentative(g)
         interrupted = self._interrupted(g)
+        if interrupted and not g.reason.startswith("writer killed") and any(procinfo.is_alive(p) for p in g.pids):
+            return False  # a refused file's writer is alive: it may save again (its close got EIO)
         if not interrupted:
             if not g.pids or any(procinfo.is_alive(p) for p in g.pids):
                 return False
             has_files = self._has_files(g)
             if self._rule_of(g).idle_seal and not self._expects_marker(g) and (has_files or g.written):
                 return False  # idle-seal layouts: a finished save cannot be told from a killed one
-            if not has_files:
+            if not has_files and not (g.late or g.manifest_blake3):
                 self._release(g)
                 return False
+            # (a sealed group whose re-save removed every file goes back to its seal or is torn below)
         pre = g.path + "/"
         with self.lock:
             if any(p.startswith(pre) and not v.unlinked and v.state == "open" for p, v in self.pending.items()):
@@ -602,7 +609,9 @@ class GroupOps:
     def _sweep_children(self, d: str) -> None:
         """Before listing ``d``: quarantine torn/corrupt groups and settle abandoned deletions in it."""
         pre = d + "/" if d else ""
-        for g in [g for g in self.groups.values() if g.state in (OPEN, TRASHED, SEALED) and g.path.startswith(pre)
+        with self.lock:
+            everyone = list(self.groups.values())
+        for g in [g for g in everyone if g.state in (OPEN, TRASHED, SEALED) and g.path.startswith(pre)
                   and "/" not in g.path[len(pre):]]:
             if g.state == SEALED:
                 if g.corrupt:

@@ -231,7 +231,12 @@ def settle_groups(store: BackingStore, files: dict[str, FileRecord], groups: dic
                     del groups[path]
                 continue
             if g.tentative:  # made by mkdir, no checkpoint file yet (issue 10)
-                if store.listdir(path):
+                try:
+                    entries = store.listdir(path)
+                except OSError:  # replaced by a file while unmounted
+                    del groups[path]
+                    continue
+                if entries:
                     del groups[path]  # ordinary files only: an ordinary directory, untouched
                     continue
                 # empty: a save that its maker started was cut by the crash (the daemon resolves a
