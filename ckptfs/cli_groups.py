@@ -88,6 +88,8 @@ def offline_groups(root: str) -> tuple[dict[str, Any], dict[str, GroupState]]:
         for e in st.entries:
             if e.get("op") != "abort":
                 apply_entry(files, e, groups)
+        for p in [p for p, g in groups.items() if g.state == OPEN and g.tentative]:
+            del groups[p]  # a directory made by mkdir with no checkpoint file: not a group (issue 10)
         for g in groups.values():
             if g.state == OPEN:
                 g.state, g.reason = TORN, "not sealed before the daemon stopped (recovery will quarantine it)"
