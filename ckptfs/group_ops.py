@@ -477,9 +477,9 @@ class GroupOps:
     def _check_torn(self, g: GroupState) -> bool:
         """Quarantine g if it can never complete (G7).  Torn needs evidence of an interrupted write:
         a writer killed in it, a refused incomplete file, or, once every writer has exited, a
-        completion event that never came after checkpoint files were written (or after a
-        checkpoint writer made the directory, ``made_by_writer``).  A group without files and
-        without such evidence is released: its directory stays, ordinary.  True if quarantined."""
+        completion event that never came after checkpoint files were written.  Tentative groups
+        are judged by ``_judge_tentative``.  A group without files, never sealed and without such
+        evidence is released: its directory stays, ordinary.  True if quarantined."""
         if g.state != OPEN or g.seal_requested:
             return False
         if g.tentative:
@@ -524,7 +524,7 @@ class GroupOps:
                 return
             if self._has_files(g) and not g.tentative:
                 return
-            if g.late or self._prior_seal(g):
+            if g.late or g.manifest_blake3:
                 return  # a sealed group emptied by a change: its seal decides (reseal / rollback)
             self.journal.append({"op": "group_forget", "path": g.path}, sync=False)
             with self.lock:
@@ -535,9 +535,6 @@ class GroupOps:
                 pass
             self.stats["groups_released"] += 1
             log.info("group %s released: no checkpoint file in it and no sign of an interrupted save", g.path)
-
-    def _prior_seal(self, g: GroupState) -> bool:
-        return bool(g.manifest_blake3)
 
     def _tear(self, g: GroupState, reason: str) -> None:
         """g can never complete (caller holds commit_lock): a torn re-save of a sealed group goes
