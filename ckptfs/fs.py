@@ -31,6 +31,7 @@ import stat
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,8 +43,9 @@ from .hashing import digest_fd
 from .inodes import InodeMap
 from .integrity import CONTROL_XATTR, Integrity
 from .journal import STAGING, Journal
+from .layout import move_prefix, parent
 from .records import FileRecord
-from .recovery import move_prefix, parent, recover
+from .recovery import recover
 from .rules import RuleSet
 from .versions import Handle, Version
 
@@ -191,7 +193,8 @@ class CkptFS(GroupOps):
 
     def _visible(self, path: str) -> Version | None:
         """The staged version readers of ``path`` see (read-your-writes), if any."""
-        return self.pending.get(path) or self.queued.get(path)
+        with self.lock:
+            return self.pending.get(path) or self.queued.get(path)
 
     def _children_pending(self, path: str) -> bool:
         pre = path + "/" if path else ""
@@ -450,11 +453,10 @@ class CkptFS(GroupOps):
         if is_meta(path) or path == "":
             raise _err(errno.EACCES)
         self._note_group_write(path, caller.pid)
-        with self.lock:
-            if flags & os.O_EXCL and self._lexists(path):
-                raise _err(errno.EEXIST)
-            if not self.store.exists(parent(path)):
-                raise _err(errno.ENOENT)
+        if flags & os.O_EXCL and self._lexists(path):
+            raise _err(errno.EEXIST)
+        if not self.store.exists(parent(path)):
+            raise _err(errno.ENOENT)
         v = self._new_version_like(path, mode, caller)
         with self.lock:
             old = self.pending.get(path)
@@ -478,16 +480,17 @@ class CkptFS(GroupOps):
         self._check_visible(path)
         if writable and flags & os.O_TRUNC:
             self._note_group_write(path, caller.pid)
-        with self.lock:
-            v = self._visible(path)
-            if writable and flags & os.O_TRUNC:
-                self._stat_or_stale(path)
-                nv = self._new_version_like(path, 0, caller)
+            self._stat_or_stale(path)  # (disk work, and with --on-corrupt rollback a hash: never under lock, I5)
+            nv = self._new_version_like(path, 0, caller)
+            with self.lock:
+                v = self._visible(path)
                 if v is not None and v.state == "open":
                     v.unlinked = True
                 self.pending[path] = nv
                 nv.refs = nv.writers = 1
                 return self._new_fh(Handle(path=path, writable=True, version=nv, append=bool(flags & os.O_APPEND)))
+        with self.lock:
+            v = self._visible(path)
             if v is not None:
                 v.refs += 1
                 if writable:
@@ -568,23 +571,21 @@ class CkptFS(GroupOps):
                 if v is not None:
                     v.refs -= 1
                     v.writers -= 1
-                    self._maybe_close(v)
+                    old_fd = self._take_fd(v)
                 else:
                     self.integrity.forget(h.fd)
-                    self.store.close(h.fd)
-                    h.fd = None
+                    old_fd, h.fd = h.fd, None
                 if h.path in self.hidden:
                     nv.unlinked = True  # written after its name was unlinked: never installed
-                    nv.refs = nv.writers = 1
-                    h.version = nv
-                    return nv
-                cur = self.pending.get(h.path)
-                if cur is not None and cur is not v and cur.state == "open":
-                    cur.unlinked = True
-                self.pending[h.path] = nv
+                else:
+                    cur = self.pending.get(h.path)
+                    if cur is not None and cur is not v and cur.state == "open":
+                        cur.unlinked = True
+                    self.pending[h.path] = nv
                 nv.refs = nv.writers = 1
                 h.version = nv
-                return nv
+            self._close_quiet(old_fd)
+            return nv
 
     # ------------------------------------------------------------- data I/O
     def read(self, fh: int, size: int, offset: int) -> bytes:
@@ -606,26 +607,50 @@ class CkptFS(GroupOps):
         h = self._handle(fh)
         if not h.writable:
             raise _err(errno.EBADF)
-        while True:
-            v = self._writable_version(h, caller)
-            with v.lock:
-                if v.state != "open":
-                    continue  # frozen by a concurrent commit: clone and retry
-                try:
-                    n = self.store.pwrite(v.fd, data, offset)
-                except OSError as e:
-                    self._poison(v, f"write failed: {e}", e.errno)
-                    raise
-                v.digest.update(data, offset)
-                end = offset + n
-                if end // WRITEBACK_WINDOW != offset // WRITEBACK_WINDOW:
-                    # a window filled up: start its writeback now, so the fsync
-                    # at commit finds little left to write (a hint only)
-                    self._writeback(v.fd, (end // WRITEBACK_WINDOW - 1) * WRITEBACK_WINDOW, WRITEBACK_WINDOW)
-                v.size = max(v.size, end)
-                v.dirty = True
-                self.stats["bytes_written"] += n
-                return n
+        written = 0
+
+        def change(v: Version) -> None:
+            nonlocal written
+            written = n = self.store.pwrite(v.fd, data, offset)
+            v.digest.update(data, offset)
+            end = offset + n
+            if end // WRITEBACK_WINDOW != offset // WRITEBACK_WINDOW:
+                # a window filled up: start its writeback now, so the fsync
+                # at commit finds little left to write (a hint only)
+                self._writeback(v.fd, (end // WRITEBACK_WINDOW - 1) * WRITEBACK_WINDOW, WRITEBACK_WINDOW)
+            v.size = max(v.size, end)
+
+        while not self._change_staged(self._writable_version(h, caller), change, "write"):
+            pass  # frozen by a concurrent commit: clone and retry
+        self.stats["bytes_written"] += written
+        return written
+
+    def _change_staged(self, v: Version | None, change: Callable[[Version], None], what: str) -> bool:
+        """Apply ``change`` to v's staged bytes if v is still open; False if it is not.
+
+        The one place staged bytes change (write, truncate by handle, truncate by path).  The state
+        is checked under ``v.lock``, which a seal also holds: a version leaves ``open`` only under
+        that lock, so once frozen its bytes and its record agree (versions.py).  A change that fails
+        poisons v: its content is unknown, so it never commits."""
+        if v is None:
+            return False
+        with v.lock:
+            if v.state != "open":
+                return False
+            try:
+                change(v)
+            except OSError as e:
+                self._poison(v, f"{what} failed: {e}", e.errno)
+                raise
+            v.dirty = True
+            return True
+
+    def _truncated(self, length: int) -> Callable[[Version], None]:
+        def change(v: Version) -> None:
+            self.store.ftruncate(v.fd, length)
+            v.digest.truncated(length)
+            v.size = length
+        return change
 
     def truncate(self, path: str, length: int, fh: int | None = None, caller: Caller = NOBODY) -> None:
         path = self.norm(path)
@@ -633,13 +658,9 @@ class CkptFS(GroupOps):
         if fh is not None and fh in self.handles and self.handles[fh].writable:
             self._truncate_handle(self.handles[fh], length, caller)
             return
-        v = self.pending.get(path)
-        if v is not None and v.state == "open":
-            with v.lock:
-                self.store.ftruncate(v.fd, length)
-                v.digest.truncated(length)
-                v.size = length
-                v.dirty = True
+        with self.lock:
+            v = self.pending.get(path)
+        if self._change_staged(v, self._truncated(length), "truncate"):
             return
         # truncate(2) by path of a committed file: a new version, committed now
         fh2 = self.open(path, os.O_WRONLY, caller)
@@ -650,20 +671,8 @@ class CkptFS(GroupOps):
             self.release(fh2)
 
     def _truncate_handle(self, h: Handle, length: int, caller: Caller) -> None:
-        while True:
-            v = self._writable_version(h, caller)
-            with v.lock:
-                if v.state != "open":
-                    continue
-                try:
-                    self.store.ftruncate(v.fd, length)
-                except OSError as e:
-                    self._poison(v, f"truncate failed: {e}", e.errno)
-                    raise
-                v.digest.truncated(length)
-                v.size = length
-                v.dirty = True
-                return
+        while not self._change_staged(self._writable_version(h, caller), self._truncated(length), "truncate"):
+            pass
 
     # ------------------------------------------------------------ committing
     def _abort(self, v: Version, reason: str) -> None:
@@ -764,16 +773,21 @@ class CkptFS(GroupOps):
 
     def _installed(self, v: Version, rec: FileRecord, keep: dict | None = None) -> None:
         with self.lock:
-            self.integrity.gens.installed(v.path, keep)
-            self.records[v.path] = rec
-            v.record = rec
-            v.state = "installed"
-            v.dirty = False
-            self._unlist(v)
-            self.last_abort.pop(v.path, None)
-            self.stats["commits"] += 1
-            self.stats["bytes_committed"] += rec.size
-            self._maybe_close(v)
+            fd = self._installed_locked(v, rec, keep)
+        self._close_quiet(fd)
+
+    def _installed_locked(self, v: Version, rec: FileRecord, keep: dict | None) -> int | None:
+        """(``lock`` held) v is installed: the tables say so; its fd to close, if finished."""
+        self.integrity.gens.installed(v.path, keep)
+        self.records[v.path] = rec
+        v.record = rec
+        v.state = "installed"
+        v.dirty = False
+        self._unlist(v)
+        self.last_abort.pop(v.path, None)
+        self.stats["commits"] += 1
+        self.stats["bytes_committed"] += rec.size
+        return self._take_fd(v)
 
     def _maybe_compact(self) -> None:
         if self.journal.entries_since_snapshot >= COMPACT_EVERY:
@@ -815,9 +829,8 @@ class CkptFS(GroupOps):
         if self.committer:
             with self.lock:
                 self.async_failures.append((v.path, e))
-        with self.lock:
-            if v.state != "installed":
-                self._discard(v, None)
+        if v.state != "installed":  # (its install attempt is over: nothing else changes v now)
+            self._discard(v, None)
 
     def flush(self, fh: int, caller: Caller = NOBODY) -> None:
         h = self._handle(fh)
@@ -913,22 +926,26 @@ class CkptFS(GroupOps):
         v = h.version
         if v is None:
             return
-        commit_now = False
-        with self.lock:
+        commit_now = drop = False
+        abort = None
+        with self.lock:  # the decision only: the journal and the disk are touched after (I5)
             v.refs -= 1
             if h.writable:
                 v.writers -= 1
             if v.state == "open" and v.writers == 0:
                 if v.unlinked:
-                    self._discard(v, None)
+                    drop = self._retire(v)
                 elif v.doomed:
-                    self._abort(v, v.doomed)
-                    self._discard(v, None)
+                    abort = v.doomed
+                    drop = self._retire(v)
                 elif v.dirty and v.path in self.last_abort:
-                    self._discard(v, None)  # refused at flush; already logged
+                    drop = self._retire(v)  # refused at flush; already logged
                 elif v.dirty:
                     commit_now = True  # written after the last flush (e.g. mmap writeback)
-            self._maybe_close(v)
+            fd = self._take_fd(v)
+        if abort is not None:
+            self._abort(v, abort)
+        self._dispose(v if drop else None, fd)
         if commit_now:
             try:
                 self._commit(v, caller, wait=False)
@@ -940,27 +957,49 @@ class CkptFS(GroupOps):
             self._poke_group(v.path)
 
     def _discard(self, v: Version, reason: str | None) -> None:
-        """Drop a version that will never be installed.  Caller holds lock."""
+        """Drop a version that will never be installed: unlisted, its staging file removed.  Takes
+        ``lock`` for the tables only; the journal and the disk are touched outside it (I5)."""
         if reason:
             self._abort(v, reason)
-        self._unlist(v)
-        if v.state not in ("installed", "discarded"):
-            v.state = "discarded"
-            v.done.set()
-            self.inodes.drop(v.ino)
-            try:
-                self.store.unlink(v.staging)
-            except OSError:
-                pass
-        self._maybe_close(v)
+        with self.lock:
+            drop = self._retire(v)
+            fd = self._take_fd(v)
+        self._dispose(v if drop else None, fd)
 
-    def _maybe_close(self, v: Version) -> None:
+    def _retire(self, v: Version) -> bool:
+        """(``lock`` held) v will never be installed: unlist it and mark it discarded.  Whether its
+        staging file is still to be removed (by :meth:`_dispose`, outside the lock)."""
+        self._unlist(v)
+        if v.state in ("installed", "discarded"):
+            return False
+        v.state = "discarded"
+        v.done.set()
+        self.inodes.drop(v.ino)
+        return True
+
+    def _take_fd(self, v: Version) -> int | None:
+        """(``lock`` held) v's fd, to close outside the lock, once no handle uses v and it is
+        finished; marks v closed."""
         if v.refs <= 0 and v.state in ("installed", "discarded") and v.fd >= 0:
+            fd, v.fd = v.fd, -1
+            return fd
+        return None
+
+    def _dispose(self, staged: Version | None, fd: int | None) -> None:
+        """Disk half of retiring a version: remove ``staged``'s staging file, close ``fd``."""
+        if staged is not None:
             try:
-                self.store.close(v.fd)
+                self.store.unlink(staged.staging)
             except OSError:
                 pass
-            v.fd = -1
+        self._close_quiet(fd)
+
+    def _close_quiet(self, fd: int | None) -> None:
+        if fd is not None:
+            try:
+                self.store.close(fd)
+            except OSError:
+                pass
 
     # ----------------------------------------------------- namespace changes
     def _ns_op(self, entry: dict, do, dirs: list[str]) -> None:

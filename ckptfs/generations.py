@@ -38,9 +38,9 @@ from dataclasses import dataclass
 
 from . import META_DIR
 from .backing import BackingStore
+from .layout import GEN_DIR
 from .records import FileRecord
 
-GEN_DIR = f"{META_DIR}/generations"
 log = logging.getLogger("ckptfs.generations")
 
 

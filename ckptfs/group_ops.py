@@ -64,7 +64,8 @@ from .groups import (
     remove_seal,
     write_seal,
 )
-from .recovery import drop_prefix, move_group, move_prefix, parent, quarantine_target, rmtree
+from .layout import drop_prefix, move_group, move_prefix, move_tree_back, parent, rmtree
+from .recovery import quarantine_target
 from .rollback import apply_rollback, apply_rollback_state, make_durable, rollback_plan
 from .rules import CHECKPOINT_FILES, SIGNATURE_DEPTH, TMP_DIR_RE, Rule, parent_and_base, step_of
 
@@ -734,8 +735,7 @@ class GroupOps:
             rmtree(self.store, g.path)
             self._purge(g)
         else:
-            from .recovery import _move_tree_back
-            _move_tree_back(self.store, g.moved_to, g.path)
+            move_tree_back(self.store, g.moved_to, g.path)
             self.journal.append({"op": "group_restore", "path": g.path})
             with self.lock:
                 move_prefix(self.records, g.moved_to, g.path)
@@ -814,10 +814,15 @@ class GroupOps:
                 with self.lock:
                     del self.groups[g.path]
                 removed += 1
+            # debris of groups that are gone; never the trash of a deletion still in progress
+            # (TRASHED), which G9 may have to put back (_settle_deleting), as recovery keeps it
+            with self.lock:
+                live = {g.moved_to for g in self.groups.values() if g.moved_to}
             for top in (QUARANTINE, TRASH):
                 if self.store.exists(top):
                     for name in self.store.listdir(top):
-                        rmtree(self.store, f"{top}/{name}")
+                        if f"{top}/{name}" not in live:
+                            rmtree(self.store, f"{top}/{name}")
             self.journal.compact(self.records, list(self.aborts), self._groups_json())
         self.stats["groups_gc"] += removed
         return {"groups_removed": removed}

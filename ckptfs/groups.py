@@ -36,13 +36,10 @@ import blake3
 
 from . import META_DIR, __version__
 from .backing import BackingStore
+from .layout import COMMITTED_VIEW, GROUPS, QUARANTINE, TRASH  # noqa: F401 (re-exported)
 from .records import FileRecord
 
-GROUPS = f"{META_DIR}/groups"
-QUARANTINE = f"{META_DIR}/quarantine"
-TRASH = f"{META_DIR}/trash"
 MANIFEST_FORMAT = 1
-COMMITTED_VIEW = ".ckptfs-committed"
 
 OPEN, SEALED, TORN, CORRUPT, TRASHED = "open", "sealed", "torn", "corrupt", "trashed"
 

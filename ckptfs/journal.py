@@ -31,10 +31,9 @@ from typing import Any
 
 from . import META_DIR, crashpoints
 from .backing import BackingStore
+from .layout import SNAPSHOT, STAGING  # noqa: F401 (re-exported)
 from .records import FileRecord
 
-SNAPSHOT = f"{META_DIR}/snapshot"
-STAGING = f"{META_DIR}/staging"
 FORMAT = 1
 _HDR = struct.Struct("<II")
 MAX_FRAME = 1 << 30

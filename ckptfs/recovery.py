@@ -56,7 +56,17 @@ from .groups import (
     write_seal,
 )
 from .hashing import digest_fd
-from .journal import SNAPSHOT, STAGING, Journal, read_whole
+from .journal import Journal, read_whole
+from .layout import (
+    SNAPSHOT,
+    STAGING,
+    drop_prefix,
+    move_group,
+    move_prefix,
+    move_tree_back,
+    parent,
+    rmtree,
+)
 from .metadata import load_trusted
 from .records import FileRecord
 from .rollback import OP as ROLLBACK
@@ -65,21 +75,10 @@ from .rollback import apply_rollback, apply_rollback_state, make_durable, rollba
 log = logging.getLogger("ckptfs.recovery")
 
 
-def parent(path: str) -> str:
-    return os.path.dirname(path)
 
 
-def move_prefix(mapping: dict, src: str, dst: str) -> None:
-    """Rename key ``src`` and every key under ``src/`` to live under ``dst``."""
-    pre = src + "/"
-    for key in [k for k in mapping if k == src or k.startswith(pre)]:
-        mapping[dst + key[len(src) :]] = mapping.pop(key)
 
 
-def drop_prefix(mapping: dict, path: str) -> None:
-    pre = path + "/"
-    for key in [k for k in mapping if k == path or k.startswith(pre)]:
-        del mapping[key]
 
 
 def apply_entry(files: dict[str, FileRecord], e: dict, groups: dict[str, GroupState] | None = None) -> None:
@@ -173,21 +172,6 @@ def quarantine_target(g: GroupState) -> str:
     return f"{QUARANTINE}/{g.id or int(g.created_at * 1000)}"
 
 
-def move_group(store: BackingStore, path: str, to: str) -> None:
-    """Move a group directory into .ckptfs (quarantine or trash); idempotent."""
-    top = os.path.dirname(to)
-    if not store.exists(top):
-        store.mkdir(top, 0o700)
-        store.fsync_dir(parent(top))
-    if store.exists(path) and not store.exists(to):
-        store.rename(path, to)
-        store.fsync_dir(parent(path))
-        store.fsync_dir(top)
-    elif store.exists(path):
-        # a power loss persisted the earlier move with both names: the moved copy is complete, so
-        # the old name goes (found by the model checker, weak model, crash during recovery)
-        rmtree(store, path)
-        store.fsync_dir(parent(path))
 
 
 def _sealed_problem(store: BackingStore, g: GroupState) -> str | None:
@@ -323,7 +307,7 @@ def _settle_trashed(store: BackingStore, files: dict[str, FileRecord], groups: d
             rmtree(store, g.moved_to)
             notes.append(f"{path}: interrupted deletion completed")
             continue
-        _move_tree_back(store, g.moved_to, path)
+        move_tree_back(store, g.moved_to, path)
         move_prefix(files, g.moved_to, path)
         g.state, g.moved_to, g.reason = SEALED, "", ""
         notes.append(f"{path}: restored (its deletion waited for a newer group that never sealed)")
@@ -331,34 +315,8 @@ def _settle_trashed(store: BackingStore, files: dict[str, FileRecord], groups: d
     return notes
 
 
-def _move_tree_back(store: BackingStore, src: str, dst: str) -> None:
-    if not store.exists(dst):
-        store.mkdir(dst, 0o755)
-        store.fsync_dir(parent(dst))
-    if not store.exists(src):
-        return
-    for name in store.listdir(src):
-        s, d = f"{src}/{name}", f"{dst}/{name}"
-        if stat.S_ISDIR(store.lstat(s).st_mode):
-            _move_tree_back(store, s, d)
-        elif not store.exists(d):
-            store.rename(s, d)
-    store.fsync_dir(dst)
-    rmtree(store, src)
 
 
-def rmtree(store: BackingStore, path: str) -> None:
-    """Remove ``path`` and everything under it through the store."""
-    try:
-        st = store.lstat(path)
-    except FileNotFoundError:
-        return
-    if stat.S_ISDIR(st.st_mode):
-        for name in store.listdir(path):
-            rmtree(store, f"{path}/{name}")
-        store.rmdir(path)
-    else:
-        store.unlink(path)
 
 
 def _staged_matches(store: BackingStore, staging: str, rec: FileRecord) -> bool:

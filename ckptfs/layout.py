@@ -1,0 +1,121 @@
+"""What lives where in the backing directory, and the tree helpers every layer moves it with.
+
+Everything ckptfs keeps for itself is under ``.ckptfs/`` in the backing directory (invisible
+through the mount, I4); everything else is the user's files, plain::
+
+    .ckptfs/journal.<epoch>    intent journal (log/journal.py)
+    .ckptfs/snapshot           compacted journal state
+    .ckptfs/staging/<uuid>     shadow copies being written (engine/staged.py)
+    .ckptfs/generations/<id>   kept previous versions of overwritten files (engine/generations.py)
+    .ckptfs/groups/<id>.*      group MANIFEST and COMMIT (engine/seals.py)
+    .ckptfs/quarantine/<id>    torn and corrupt groups moved aside
+    .ckptfs/trash/<id>         files of a sealed group being deleted (G9)
+    .ckptfs/daemon.log         the daemon's log
+    .ckptfs-committed/         (virtual, mount only) the committed view
+
+Paths are relative to the backing root, without a leading slash ("" is the root).  Every helper
+here works through a :class:`~ckptfs.backing.BackingStore` (or on in-memory tables keyed by path).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from typing import TYPE_CHECKING
+
+from . import META_DIR
+
+if TYPE_CHECKING:
+    from .backing import BackingStore
+
+SNAPSHOT = f"{META_DIR}/snapshot"
+STAGING = f"{META_DIR}/staging"
+GEN_DIR = f"{META_DIR}/generations"
+GROUPS = f"{META_DIR}/groups"
+QUARANTINE = f"{META_DIR}/quarantine"
+TRASH = f"{META_DIR}/trash"
+DAEMON_LOG = f"{META_DIR}/daemon.log"
+COMMITTED_VIEW = ".ckptfs-committed"
+
+
+def journal_path(epoch: int) -> str:
+    return f"{META_DIR}/journal.{epoch}"
+
+
+def is_meta(path: str) -> bool:
+    return path == META_DIR or path.startswith(META_DIR + "/")
+
+
+def is_view(path: str) -> bool:
+    return path == COMMITTED_VIEW or path.startswith(COMMITTED_VIEW + "/")
+
+
+def parent(path: str) -> str:
+    return os.path.dirname(path)
+
+
+def under(path: str, top: str) -> bool:
+    """``path`` is ``top`` or inside it ("" contains everything)."""
+    return top == "" or path == top or path.startswith(top + "/")
+
+
+def move_prefix(mapping: dict, src: str, dst: str) -> None:
+    """Rename key ``src`` and every key under ``src/`` to live under ``dst``."""
+    pre = src + "/"
+    for key in [k for k in mapping if k == src or k.startswith(pre)]:
+        mapping[dst + key[len(src) :]] = mapping.pop(key)
+
+
+def drop_prefix(mapping: dict, path: str) -> list:
+    """Remove key ``path`` and every key under ``path/``; the removed values."""
+    pre = path + "/"
+    return [mapping.pop(key) for key in [k for k in mapping if k == path or k.startswith(pre)]]
+
+
+def rmtree(store: BackingStore, path: str) -> None:
+    """Remove ``path`` and everything under it through the store."""
+    try:
+        st = store.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        for name in store.listdir(path):
+            rmtree(store, f"{path}/{name}")
+        store.rmdir(path)
+    else:
+        store.unlink(path)
+
+
+def move_group(store: BackingStore, path: str, to: str) -> None:
+    """Move a group directory into .ckptfs (quarantine or trash); idempotent."""
+    top = os.path.dirname(to)
+    if not store.exists(top):
+        store.mkdir(top, 0o700)
+        store.fsync_dir(parent(top))
+    if store.exists(path) and not store.exists(to):
+        store.rename(path, to)
+        store.fsync_dir(parent(path))
+        store.fsync_dir(top)
+    elif store.exists(path):
+        # a power loss persisted the earlier move with both names: the moved copy is complete, so
+        # the old name goes (found by the model checker, weak model, crash during recovery)
+        rmtree(store, path)
+        store.fsync_dir(parent(path))
+
+
+def move_tree_back(store: BackingStore, src: str, dst: str) -> None:
+    """Move every file under ``src`` back to the same place under ``dst`` (a name already at
+    ``dst`` wins), then remove ``src``: the undo of :func:`move_group`; idempotent."""
+    if not store.exists(dst):
+        store.mkdir(dst, 0o755)
+        store.fsync_dir(parent(dst))
+    if not store.exists(src):
+        return
+    for name in store.listdir(src):
+        s, d = f"{src}/{name}", f"{dst}/{name}"
+        if stat.S_ISDIR(store.lstat(s).st_mode):
+            move_tree_back(store, s, d)
+        elif not store.exists(d):
+            store.rename(s, d)
+    store.fsync_dir(dst)
+    rmtree(store, src)
