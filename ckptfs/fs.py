@@ -35,8 +35,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import META_DIR, __version__, crashpoints, exits, formats, procinfo
+from . import META_DIR, __version__, crashpoints, events, exits, formats, procinfo
 from .backing import BackingStore
+from .generations import Generations
 from .group_ops import GroupOps
 from .groups import COMMITTED_VIEW, CORRUPT, OPEN, SEALED, SealError, read_seal
 from .hashing import digest_fd
@@ -136,9 +137,17 @@ class CkptFS(GroupOps):
         self.hidden: dict[str, str] = {}  # libfuse's .fuse_hidden name of an open, unlinked file -> its old path
         self._next_fh = 1
         self.stats: collections.Counter[str] = collections.Counter()
+        self.events = events.Events()  # what changed, for adapters (cache invalidation) and the mirror
         self._as_root = hasattr(os, "geteuid") and os.geteuid() == 0
         self.shut_down = False
         self.committer = _Committer(self, max_backlog, max_backlog_bytes) if commit_mode == "async" else None
+        # kept previous versions (G11, --on-corrupt rollback): written by the commit path
+        self.gens = Generations(store, keep_generations, self.recovery.generations)
+        self.journal.extra_state = lambda: {"generations": self.gens.to_json()}
+        # verify-on-read, on demand and in the background (integrity.py)
+        self.integrity = Integrity(store, self.records, self.gens, self.commit_lock, self.stats, self.note_corrupt,
+                                   on_corrupt=on_corrupt, scrub_interval=scrub_interval,
+                                   scrub_rate_mb=scrub_rate_mb, metadata_problems=self.recovery.problems)
         self._stop = threading.Event()
         self._housekeeper: threading.Thread | None = None
         if housekeeping_interval > 0:
@@ -146,11 +155,6 @@ class CkptFS(GroupOps):
             self._housekeeper = threading.Thread(target=self._housekeep, args=(housekeeping_interval,),
                                                  name="ckptfs-housekeeper", daemon=True)
             self._housekeeper.start()
-        # verify-on-read, kept generations, scrub (integrity.py)
-        self.integrity = Integrity(self, on_corrupt=on_corrupt, keep_generations=keep_generations,
-                                   scrub_interval=scrub_interval, scrub_rate_mb=scrub_rate_mb,
-                                   generations=self.recovery.generations,
-                                   metadata_problems=self.recovery.problems)
         self._writeback = getattr(store, "writeback_hint", None) or (lambda fd, off, n: None)
         log.info("recovery: %s", self.recovery.summary())
 
@@ -212,6 +216,22 @@ class CkptFS(GroupOps):
             return self.handles[fh]
         except KeyError:
             raise _err(errno.EBADF) from None
+
+    def served(self, fh: int) -> tuple[str, tuple | None] | None:
+        """The path of open handle ``fh`` and the verified version key it reads from (None for a
+        writer, a staged version or an unverified file); None if ``fh`` is not open."""
+        h = self.handles.get(fh)
+        if h is None:
+            return None
+        if h.writable or h.version is not None or h.fd is None:
+            return h.path, None
+        chk = self.integrity.checks.get(h.fd)
+        return h.path, (chk.key if chk is not None else None)
+
+    def handles_at(self, path: str) -> list[int]:
+        """The open handles at ``path``."""
+        with self.lock:
+            return [f for f, h in self.handles.items() if h.path == path]
 
     def shutdown(self) -> None:
         """Finish queued commits, discard open versions' staging, close fds."""
@@ -745,11 +765,11 @@ class CkptFS(GroupOps):
             replaced = None
         try:
             if keep:
-                self.integrity.gens.link(v.path, keep)
+                self.gens.link(v.path, keep)
             self.store.rename(v.staging, v.path)
         except OSError:
             if keep:
-                self.integrity.gens.unlink_quiet(keep)
+                self.gens.unlink_quiet(keep)
             self.journal.retract(mark)
             raise
         crashpoints.hit("installed")
@@ -778,7 +798,7 @@ class CkptFS(GroupOps):
 
     def _installed_locked(self, v: Version, rec: FileRecord, keep: dict | None) -> int | None:
         """(``lock`` held) v is installed: the tables say so; its fd to close, if finished."""
-        self.integrity.gens.installed(v.path, keep)
+        self.gens.installed(v.path, keep)
         self.records[v.path] = rec
         v.record = rec
         v.state = "installed"
@@ -787,6 +807,7 @@ class CkptFS(GroupOps):
         self.last_abort.pop(v.path, None)
         self.stats["commits"] += 1
         self.stats["bytes_committed"] += rec.size
+        self.events.emit(events.PUBLISHED, v.path)
         return self._take_fd(v)
 
     def _maybe_compact(self) -> None:
@@ -864,13 +885,19 @@ class CkptFS(GroupOps):
         self._unpublish(v)
 
     def _unpublish(self, v: Version) -> None:
+        """v will never be installed: readers of its path see the committed version again at once."""
         with self.lock:
-            self._unlist(v)
+            if self._unlist(v):
+                self.events.emit(events.UNPUBLISHED, v.path, reason=v.doomed or "")
 
-    def _unlist(self, v: Version) -> None:
+    def _unlist(self, v: Version) -> bool:
+        """Remove v from the tables readers look in; whether it was there."""
+        listed = False
         for table in (self.pending, self.queued):
             if table.get(v.path) is v:
                 del table[v.path]
+                listed = True
+        return listed
 
     def fsync(self, fh: int, caller: Caller = NOBODY) -> None:
         h = self._handle(fh)
@@ -934,12 +961,12 @@ class CkptFS(GroupOps):
                 v.writers -= 1
             if v.state == "open" and v.writers == 0:
                 if v.unlinked:
-                    drop = self._retire(v)
+                    drop = self._retire_version(v)
                 elif v.doomed:
                     abort = v.doomed
-                    drop = self._retire(v)
+                    drop = self._retire_version(v)
                 elif v.dirty and v.path in self.last_abort:
-                    drop = self._retire(v)  # refused at flush; already logged
+                    drop = self._retire_version(v)  # refused at flush; already logged
                 elif v.dirty:
                     commit_now = True  # written after the last flush (e.g. mmap writeback)
             fd = self._take_fd(v)
@@ -962,14 +989,15 @@ class CkptFS(GroupOps):
         if reason:
             self._abort(v, reason)
         with self.lock:
-            drop = self._retire(v)
+            drop = self._retire_version(v)
             fd = self._take_fd(v)
         self._dispose(v if drop else None, fd)
 
-    def _retire(self, v: Version) -> bool:
+    def _retire_version(self, v: Version) -> bool:
         """(``lock`` held) v will never be installed: unlist it and mark it discarded.  Whether its
         staging file is still to be removed (by :meth:`_dispose`, outside the lock)."""
-        self._unlist(v)
+        if self._unlist(v):
+            self.events.emit(events.UNPUBLISHED, v.path, reason=v.doomed or "discarded")
         if v.state in ("installed", "discarded"):
             return False
         v.state = "discarded"
@@ -1111,7 +1139,7 @@ class CkptFS(GroupOps):
             with self.lock:
                 self.records.pop(path, None)
                 self.last_abort.pop(path, None)
-                self.integrity.gens.on_unlink(path)
+                self.gens.on_unlink(path)
 
     def mknod(self, path: str, mode: int, dev: int = 0, caller: Caller = NOBODY) -> None:
         """A fifo, socket or device node (as the backing filesystem allows); a regular file made by
@@ -1262,12 +1290,12 @@ class CkptFS(GroupOps):
 
                 def do() -> None:
                     if keep is not None:
-                        self.integrity.gens.link(new, keep)
+                        self.gens.link(new, keep)
                     try:
                         self.store.rename(old, new)
                     except OSError:
                         if keep is not None:
-                            self.integrity.gens.unlink_quiet(keep)
+                            self.gens.unlink_quiet(keep)
                         raise
 
                 self._ns_op(entry, do, dirs)
@@ -1278,7 +1306,7 @@ class CkptFS(GroupOps):
                     for k in [k for k in self.records if k == new or k.startswith(pre)]:
                         del self.records[k]
                     move_prefix(self.records, old, new)
-                    self.integrity.gens.on_rename(old, new, keep)
+                    self.gens.on_rename(old, new, keep)
                 displaced = self.pending.get(new)
                 if displaced is not None and displaced.state == "open":
                     displaced.unlinked = True
@@ -1295,6 +1323,7 @@ class CkptFS(GroupOps):
                 for hp in [hp for hp in self.hidden if hp.startswith(old + "/")]:
                     self.hidden[new + hp[len(old):]] = self.hidden.pop(hp)
             if on_disk:
+                self.events.emit(events.RENAMED, old, dst=new)
                 self._after_rename(old, new, is_dir, caller.pid)
 
     # ------------------------------------------------------------ attributes

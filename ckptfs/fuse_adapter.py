@@ -48,7 +48,7 @@ def load_mfusepy() -> Any:
 def make_operations(mfusepy: Any, fs: CkptFS) -> Any:
     """Build the mfusepy Operations object for ``fs``."""
 
-    pages = PageCachePolicy(fs)  # keep_cache decisions (pagecache.py)
+    pages = PageCachePolicy(fs.served, fs.handles_at, fs.stats)  # keep_cache decisions (pagecache.py)
 
     def caller() -> Caller:
         uid, gid, pid = mfusepy.fuse_get_context()

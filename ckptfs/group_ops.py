@@ -47,7 +47,7 @@ import stat
 import time
 from typing import Any
 
-from . import crashpoints, exits, procinfo
+from . import crashpoints, events, exits, procinfo
 from .groups import (
     CORRUPT,
     OPEN,
@@ -378,6 +378,7 @@ class GroupOps:
         g.files, g.bytes, g.seal_requested, g.late, g.reason = len(files), nbytes, "", False, ""
         g.refused.clear()
         self.stats["groups_sealed"] += 1
+        self.events.emit(events.SEALED, g.path, reason=event)
         log.info("sealed group %s (%d files, %d bytes) on %s", g.path, len(files), nbytes, event)
         self._purge_trashed(parent(g.path), g)
         self._apply_retention(parent(g.path))
@@ -540,7 +541,7 @@ class GroupOps:
     def _tear(self, g: GroupState, reason: str) -> None:
         """g can never complete (caller holds commit_lock): a torn re-save of a sealed group goes
         back to its seal when every replaced file was kept (G11, rollback.py); else quarantine."""
-        plan = rollback_plan(self.store, self.records, self.integrity.gens.table, g)
+        plan = rollback_plan(self.store, self.records, self.gens.table, g)
         if plan is None:
             self._quarantine(g, TORN, reason)
             return
@@ -553,10 +554,11 @@ class GroupOps:
             return
         with self.lock:
             for p in plan["remove"]:
-                self.integrity.gens.on_unlink(p)  # generations of a file moved aside go with it
-            apply_rollback_state(self.records, self.groups, plan, self.integrity.gens.table)
+                self.gens.on_unlink(p)  # generations of a file moved aside go with it
+            apply_rollback_state(self.records, self.groups, plan, self.gens.table)
         g.pids = []
         self.stats["groups_rolled_back"] += 1
+        self.events.emit(events.ROLLED_BACK, g.path, dst=plan["to"], reason=reason)
         log.warning("group %s: re-save torn (%s); rolled back to its seal, %d files restored, the re-save "
                     "kept at %s", g.path, reason, len(plan["restore"]), plan["to"])
 
@@ -580,6 +582,7 @@ class GroupOps:
                 del self.groups[k]
         g.state, g.moved_to, g.reason = state, to, reason
         self.stats["groups_quarantined"] += 1
+        self.events.emit(events.QUARANTINED, g.path, dst=to, reason=reason)
         log.warning("group %s is %s (%s); moved to %s", g.path, state, reason, to)
 
     def _group_writer_killed(self, path: str, why: str) -> None:
@@ -734,12 +737,14 @@ class GroupOps:
         if self._has_newer_sealed(g):
             rmtree(self.store, g.path)
             self._purge(g)
+            self.events.emit(events.REMOVED, g.path, reason="abandoned deletion finished")
         else:
             move_tree_back(self.store, g.moved_to, g.path)
             self.journal.append({"op": "group_restore", "path": g.path})
             with self.lock:
                 move_prefix(self.records, g.moved_to, g.path)
             g.state, g.moved_to, g.reason = SEALED, "", ""
+            self.events.emit(events.RESTORED, g.path, reason="abandoned deletion undone")
             log.warning("group %s restored: its deletion stopped half-way and no newer group is sealed", g.path)
 
     def _purge(self, g: GroupState) -> None:
@@ -794,6 +799,7 @@ class GroupOps:
             drop_prefix(self.records, g.path)
             self.groups.pop(g.path, None)
         self.stats["groups_retired"] += 1
+        self.events.emit(events.REMOVED, g.path, reason="retention")
         log.info("retention: retired %s", g.path)
         try:
             remove_seal(self.store, g.id)

@@ -50,15 +50,13 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from .backing import BackingStore
 from .generations import GenEntry, Generations
 from .records import FileRecord
 from .verify import Finding, RateLimiter, check_chunk, check_identity, chunk_count, verify_fd
-
-if TYPE_CHECKING:
-    from .fs import CkptFS
 
 log = logging.getLogger("ckptfs.integrity")
 
@@ -102,17 +100,28 @@ def version_key(st: os.stat_result, rec: FileRecord) -> tuple:
 
 
 class Integrity:
-    def __init__(self, fs: CkptFS, *, on_corrupt: str = "eio", keep_generations: int = 1,
+    """Verification of committed files on read, on demand and in the background.
+
+    Explicit dependencies, no reference to the filesystem object: ``records`` (the committed
+    records, read only here), ``gens`` (kept generations, owned by the commit path: read here for
+    ``--on-corrupt rollback``), ``commit_lock`` (taken only to read a record consistently while a
+    commit may be installing the path), ``stats`` (counters), and ``on_corrupt_found(path, detail)``,
+    the callback that hides the group holding a corrupt file (engine groups)."""
+
+    def __init__(self, store: BackingStore, records: dict[str, FileRecord], gens: Generations,
+                 commit_lock: threading.RLock, stats: collections.Counter[str],
+                 on_corrupt_found: Callable[[str, str], None], *, on_corrupt: str = "eio",
                  scrub_interval: float = 0.0, scrub_rate_mb: float = 64.0,
-                 generations: dict[str, list[GenEntry]] | None = None,
                  metadata_problems: list[str] | None = None) -> None:
         if on_corrupt not in ("eio", "rollback"):
             raise ValueError("on_corrupt must be 'eio' or 'rollback'")
-        self.fs = fs
-        self.store = fs.store
+        self.store = store
+        self.records = records
+        self.gens = gens
+        self.commit_lock = commit_lock
+        self.stats = stats
+        self.on_corrupt_found = on_corrupt_found
         self.on_corrupt = on_corrupt
-        self.gens = Generations(fs.store, keep_generations, generations or {})
-        fs.journal.extra_state = lambda: {"generations": self.gens.to_json()}
         self.states: collections.OrderedDict[tuple, VState] = collections.OrderedDict()
         self.checks: dict[int, Check] = {}
         self.lock = threading.Lock()
@@ -126,10 +135,6 @@ class Integrity:
         self._scrub_thread: threading.Thread | None = None
         if scrub_interval > 0:
             self._start_scrubber()
-
-    @property
-    def stats(self) -> collections.Counter[str]:
-        return self.fs.stats
 
     # ------------------------------------------------------------ states
     def state_for(self, st: os.stat_result, rec: FileRecord) -> tuple[tuple, VState]:
@@ -146,7 +151,7 @@ class Integrity:
             return key, s
 
     def _owner(self, ino: int) -> str | None:
-        for p, r in list(self.fs.records.items()):
+        for p, r in list(self.records.items()):
             if r.ino == ino:
                 return p
         return None
@@ -163,7 +168,7 @@ class Integrity:
             ev["chunk"] = f.chunk
         self.events.append(ev)
         log.error("integrity: %s corrupt (%s, caught by %s): %s", path, f.kind, f.mechanism, f.detail)
-        self.fs.note_corrupt(path, f"{f.kind}: {f.detail}")  # its group is hidden (group_ops.py)
+        self.on_corrupt_found(path, f"{f.kind}: {f.detail}")  # its group is hidden (group_ops.py)
 
     def _hash_chunk(self, path: str, fd: int, s: VState, i: int) -> bytes:
         """Read, hash and check chunk i; mark it verified or the state corrupt (EIO)."""
@@ -219,7 +224,7 @@ class Integrity:
         closed; the returned fd may be another one (a kept generation, or the
         path reopened after a concurrent install) and ``fd`` is then closed.
         """
-        rec = self.fs.records.get(path)
+        rec = self.records.get(path)
         if rec is None:
             return fd, None  # untracked: written without ckptfs
         self.store.readahead_hint(fd)
@@ -230,8 +235,8 @@ class Integrity:
             raise
         if rec.ino and st.st_ino != rec.ino:
             # a commit may be installing this path right now: decide under the commit lock
-            with self.fs.commit_lock:
-                rec = self.fs.records.get(path)
+            with self.commit_lock:
+                rec = self.records.get(path)
                 self.store.close(fd)
                 fd = self.store.open(path, os.O_RDONLY)
                 try:
@@ -384,7 +389,7 @@ class Integrity:
         """rollback policy: the stat of the generation served instead of ``path``."""
         if self.on_corrupt != "rollback" or not self.gens.table.get(path):
             return None
-        rec = self.fs.records.get(path)
+        rec = self.records.get(path)
         if rec is None:
             return None
         try:
@@ -411,7 +416,7 @@ class Integrity:
         gens = self.gens.of(path)
         if gens:
             out["user.ckptfs.kept_generations"] = ",".join(str(g.rec.generation) for g in gens)
-        rec = self.fs.records.get(path)
+        rec = self.records.get(path)
         if rec is None:
             return out
         try:
@@ -463,7 +468,7 @@ class Integrity:
         """Re-hash every committed file at/under ``prefix`` (ignoring the cache)."""
         pre = prefix.strip("/")
         out = []
-        for path, rec in sorted(self.fs.records.items()):
+        for path, rec in sorted(self.records.items()):
             if pre and path != pre and not path.startswith(pre + "/"):
                 continue
             if stop is not None and stop.is_set():
@@ -483,7 +488,7 @@ class Integrity:
             return None  # unlinked/renamed meanwhile
         try:
             st = self.store.fstat(fd)
-            if self.fs.records.get(path, rec) is not rec and label is None:
+            if self.records.get(path, rec) is not rec and label is None:
                 return None  # a new version was committed meanwhile
             key, s = self.state_for(st, rec)
             f = verify_fd(self.store, fd, label or path, rec, limiter=limiter, stop=stop, inode_owner=self._owner)

@@ -46,49 +46,47 @@ new open serves.
 
 from __future__ import annotations
 
+import collections
 import threading
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .fs import CkptFS, Handle
+from collections.abc import Callable
 
 
 class PageCachePolicy:
-    """Per-path bookkeeping of which version's pages the kernel may hold."""
+    """Per-path bookkeeping of which version's pages the kernel may hold.
 
-    def __init__(self, fs: CkptFS) -> None:
-        self.fs = fs
+    Explicit dependencies, no reference to the filesystem object: ``served(fh)`` gives the path an
+    open handle is at and the verified version key it serves (None: a writer, a staged version, an
+    unverified file), ``handles_at(path)`` the open handles at a path."""
+
+    def __init__(self, served: Callable[[int], tuple[str, tuple | None] | None],
+                 handles_at: Callable[[str], list[int]], stats: collections.Counter[str]) -> None:
+        self.served = served
+        self.handles_at = handles_at
+        self.stats = stats
         self.lock = threading.Lock()
         self.clean: dict[str, tuple] = {}
 
-    def _key(self, h: Handle) -> tuple | None:
-        if h.writable or h.version is not None or h.fd is None:
-            return None
-        chk = self.fs.integrity.checks.get(h.fd)
-        if chk is None:
-            return None
-        return chk.key
-
     def decide(self, fh: int) -> bool:
         """keep_cache for the open that just returned ``fh`` (see module doc)."""
-        h = self.fs.handles.get(fh)
-        if h is None:
+        got = self.served(fh)
+        if got is None:
             return False
+        path, mine = got
         with self.lock:
-            mine = self._key(h)
             same = mine is not None
             if same:
-                for f, o in list(self.fs.handles.items()):
-                    if f != fh and o.path == h.path and self._key(o) != mine:
+                for f in self.handles_at(path):
+                    o = self.served(f) if f != fh else None
+                    if o is not None and o[1] != mine:
                         same = False
                         break
-            keep = same and self.clean.get(h.path) == mine
+            keep = same and self.clean.get(path) == mine
             if same:
-                self.clean[h.path] = mine  # type: ignore[assignment]
+                self.clean[path] = mine  # type: ignore[assignment]
             else:
-                self.clean.pop(h.path, None)
+                self.clean.pop(path, None)
             if keep:
-                self.fs.stats["keep_cache_opens"] += 1  # root user.ckptfs.stats
+                self.stats["keep_cache_opens"] += 1  # root user.ckptfs.stats
             return keep
 
     def forget(self, *paths: str) -> None:

@@ -333,22 +333,22 @@ def test_generations_follow_rename_and_survive_restart(tmp_path: Path) -> None:
 
     for i in range(4):
         save("a", bytes([i]) * 10)
-    assert [g.rec.generation for g in fs.integrity.gens.of("a")] == [3, 2]
+    assert [g.rec.generation for g in fs.gens.of("a")] == [3, 2]
     fs.rename("a", "b")
-    assert fs.integrity.gens.of("a") == [] and len(fs.integrity.gens.of("b")) == 2
+    assert fs.gens.of("a") == [] and len(fs.gens.of("b")) == 2
     save("c", b"C" * 10)
     c_rec = fs.records["c"]
     save("c.tmp", b"D" * 10)
     fs.rename("c.tmp", "c")  # a committed file replaced by a rename (tmp + rename) is kept too
-    assert [g.rec.blake3 for g in fs.integrity.gens.of("c")] == [c_rec.blake3]
-    assert fs.integrity.gens.of("c.tmp") == []
+    assert [g.rec.blake3 for g in fs.gens.of("c")] == [c_rec.blake3]
+    assert fs.gens.of("c.tmp") == []
     fs.shutdown()
     fs = CkptFS(OsBackingStore(str(tmp_path)), keep_generations=1)  # restart with a smaller count
-    assert [g.rec.blake3 for g in fs.integrity.gens.of("c")] == [c_rec.blake3]
-    kept = fs.integrity.gens.of("c")[0].name
+    assert [g.rec.blake3 for g in fs.gens.of("c")] == [c_rec.blake3]
+    kept = fs.gens.of("c")[0].name
     assert (tmp_path / kept).read_bytes() == b"C" * 10
     fs.unlink("c")
-    assert [g.rec.generation for g in fs.integrity.gens.of("b")] == [3]
+    assert [g.rec.generation for g in fs.gens.of("b")] == [3]
     assert len(os.listdir(tmp_path / ".ckptfs" / "generations")) == 1
     fs.unlink("b")
     assert os.listdir(tmp_path / ".ckptfs" / "generations") == []
