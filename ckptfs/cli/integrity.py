@@ -203,7 +203,9 @@ def cmd_forget(a: argparse.Namespace) -> int:
                 print(f"ckptfs: {rel}: no record", file=sys.stderr)
             for g in rep.generations.pop(rel, []):
                 store.unlink(g.name)
-        j.compact(rep.files, rep.aborts)
+        # the same state recovery's own compaction writes: records, aborts, groups, and the kept
+        # generations (recover() set j.extra_state to read rep.generations, popped above)
+        j.compact(rep.files, rep.aborts, {p: g.to_json() for p, g in rep.groups.items()})
         print(f"ckptfs: {len(rep.files)} committed files remain recorded")
     finally:
         store.shutdown()
