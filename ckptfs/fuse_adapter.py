@@ -10,13 +10,13 @@ import ctypes
 import ctypes.util
 import logging
 import os
-import re
 import sys
 import threading
 import time
 from typing import Any
 
 from .fs import Caller, CkptFS
+from .mounts import mounts_at
 from .pagecache import PageCachePolicy
 
 log = logging.getLogger("ckptfs.fuse")
@@ -256,21 +256,7 @@ def _fuse_devs_at(target: str) -> list[str]:
     Never touches the mount itself: a daemon must not send requests to its own
     mount (a request in flight when the daemon is killed can never be answered,
     and the thread waiting for it keeps the process from exiting)."""
-    out = []
-    try:
-        with open("/proc/self/mountinfo") as f:
-            for line in f:
-                fields = line.split()
-                try:
-                    fstype = fields[fields.index("-") + 1]
-                except (ValueError, IndexError):
-                    continue
-                mnt = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
-                if mnt == target and fstype.startswith("fuse"):
-                    out.append(fields[2])
-    except OSError:
-        pass
-    return out
+    return [e.dev for e in mounts_at(target) if e.fstype.startswith("fuse")]
 
 
 def raise_readahead(target: str, before: list[str], kb: int, timeout: float = 30.0) -> None:

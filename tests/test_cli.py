@@ -12,8 +12,9 @@ import pytest
 from conftest import Mount, _env
 
 from ckptfs.backing import OsBackingStore
-from ckptfs.cli import is_ckptfs_mount, pid_alive
+from ckptfs.cli import is_ckptfs_mount
 from ckptfs.journal import Journal
+from ckptfs.procinfo import is_alive as pid_alive
 
 
 def ckptfs(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -1,90 +1,22 @@
-"""Command line: ``ckptfs mount|umount|recover|status`` (+ group commands in cli_groups.py,
-``verify|scrub|forget`` in cli_integrity.py).
-
-Every user error ends in one line ``ckptfs: error: ...`` and exit status 2
-(1 for operational failures), never a traceback.
-"""
+"""Mounting: ``ckptfs mount`` (background: :func:`spawn_daemon`; ``-f``: the daemon itself),
+``umount``, ``recover``; and every ``mount`` option, the integrity ones included."""
 
 from __future__ import annotations
 
 import argparse
 import errno
-import json
 import logging
 import os
-import shutil
-import signal
 import subprocess
 import sys
 import time
 
-from . import META_DIR, __version__, cli_integrity
-from .backing import OsBackingStore
-from .cli_groups import GroupCliError
+from .. import META_DIR, __version__
+from ..backing import OsBackingStore
+from ..procinfo import is_alive
+from .common import CliError, daemon_pid, fusermount, is_ckptfs_mount
 
 log = logging.getLogger("ckptfs")
-
-
-class CliError(Exception):
-    def __init__(self, msg: str, code: int = 2) -> None:
-        super().__init__(msg)
-        self.code = code
-
-
-# ------------------------------------------------------------------ helpers
-def mount_entry(path: str) -> tuple[str, str] | None:
-    """(fstype, source) of the mount whose mountpoint is ``path``, if any."""
-    real = os.path.realpath(path)
-    try:
-        with open("/proc/self/mountinfo") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    found = None
-    for line in lines:
-        parts = line.split()
-        sep = parts.index("-")
-        mnt = parts[4].encode().decode("unicode_escape")
-        if mnt == real:
-            found = (parts[sep + 1], parts[sep + 2])  # last one wins (stacked mounts)
-    return found
-
-
-def is_ckptfs_mount(path: str) -> bool:
-    ent = mount_entry(path)
-    return ent is not None and ent[0] == "fuse.ckptfs"
-
-
-def fusermount(path: str, lazy: bool = False) -> subprocess.CompletedProcess:
-    exe = shutil.which("fusermount3") or shutil.which("fusermount")
-    if exe:
-        cmd = [exe, "-uz" if lazy else "-u", path]
-    elif sys.platform == "darwin" or os.geteuid() == 0:
-        cmd = ["umount", *(["-l"] if lazy and sys.platform != "darwin" else []), path]
-    else:
-        raise CliError("fusermount3 not found: install fuse3 (apt-get install fuse3)")
-    return subprocess.run(cmd, capture_output=True, text=True)
-
-
-def daemon_pid(path: str) -> int | None:
-    try:
-        return int(os.getxattr(path, "user.ckptfs.pid"))
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie child counts as gone
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 def check_mountpoint(d: str) -> None:
@@ -112,7 +44,7 @@ def check_fuse_available() -> None:
     if sys.platform.startswith("linux") and not os.path.exists(dev):
         raise CliError(f"{dev} is missing: load the fuse module (modprobe fuse) "
                        "or give the container the device (--device /dev/fuse --cap-add SYS_ADMIN)")
-    from .fuse_adapter import FuseUnavailable, load_mfusepy
+    from ..fuse_adapter import FuseUnavailable, load_mfusepy
 
     try:
         load_mfusepy()
@@ -149,9 +81,9 @@ def spawn_daemon(a: argparse.Namespace, d: str) -> int:
     for opt in ("keep_last", "keep_every", "idle_seal"):
         if getattr(a, opt) is not None:
             argv += ["--" + opt.replace("_", "-"), str(getattr(a, opt))]
-    argv += cli_integrity.mount_argv(a)
+    argv += _integrity_argv(a)
     env = dict(os.environ, CKPTFS_READY_FD=str(wfd))
-    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = pkg_root + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.Popen(argv, env=env, pass_fds=(wfd,), stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
@@ -171,9 +103,9 @@ def spawn_daemon(a: argparse.Namespace, d: str) -> int:
 
 
 def run_foreground(a: argparse.Namespace, d: str, backing: str) -> int:
-    from .fs import CkptFS
-    from .fuse_adapter import serve
-    from .journal import CorruptMetadata
+    from ..fs import CkptFS
+    from ..fuse_adapter import serve
+    from ..journal import CorruptMetadata
 
     store = OsBackingStore(backing)
     try:
@@ -181,7 +113,7 @@ def run_foreground(a: argparse.Namespace, d: str, backing: str) -> int:
         rules = load_rules(store, a)
         try:
             fs = CkptFS(store, commit_mode=a.commit, check_formats=not a.no_format_check,
-                        backing_label=backing, rules=rules, **cli_integrity.fs_kwargs(a))
+                        backing_label=backing, rules=rules, **_integrity_kwargs(a))
         except CorruptMetadata as e:
             raise CliError(f"{backing}: {e}; run 'ckptfs recover --rebuild {backing}'", 1) from None
         log.info("ckptfs %s serving %s (backing %s, commit=%s)", __version__, d, backing, a.commit)
@@ -199,8 +131,8 @@ def load_rules(store: OsBackingStore, a: argparse.Namespace):
     """Group rules: defaults, then ``.ckptfs.toml`` in the backing root, then command-line flags."""
     import dataclasses
 
-    from .journal import read_whole
-    from .rules import CONFIG_NAME, ConfigError, RuleSet, parse_config
+    from ..journal import read_whole
+    from ..rules import CONFIG_NAME, ConfigError, RuleSet, parse_config
 
     rules = RuleSet()
     if store.exists(CONFIG_NAME):
@@ -234,7 +166,7 @@ def _signal_ready_when_mounted(d: str, fd: int) -> None:
 
 
 def setup_logging(store: OsBackingStore, debug: bool) -> None:
-    from .journal import Journal
+    from ..journal import Journal
 
     Journal(store).ensure_layout()
     fd = store.open(f"{META_DIR}/daemon.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -259,17 +191,17 @@ def cmd_umount(a: argparse.Namespace) -> int:
         raise CliError(f"{d}: {msg}{hint}", 1)
     if pid is not None:
         deadline = time.monotonic() + a.timeout
-        while pid_alive(pid) and time.monotonic() < deadline:
+        while is_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        if pid_alive(pid):
+        if is_alive(pid):
             raise CliError(f"daemon pid {pid} still finishing commits after {a.timeout}s", 1)
     print(f"ckptfs: unmounted {d}")
     return 0
 
 
 def cmd_recover(a: argparse.Namespace) -> int:
-    from .journal import SNAPSHOT, CorruptMetadata
-    from .recovery import recover
+    from ..journal import SNAPSHOT, CorruptMetadata
+    from ..recovery import recover
 
     d = os.path.abspath(a.dir)
     if not os.path.isdir(d):
@@ -292,42 +224,29 @@ def cmd_recover(a: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_status(a: argparse.Namespace) -> int:
-    d = os.path.abspath(a.dir)
-    if not os.path.isdir(d):
-        raise CliError(f"{d}: no such directory")
-    if is_ckptfs_mount(d):
-        attrs = json.loads(os.getxattr(d, "user.ckptfs.attrs"))  # status attributes are never listed
-        out = {k.removeprefix("user.ckptfs."): v for k, v in attrs.items()}
-        for k in ("stats", "aborts", "corrupt", "metadata", "scrub"):
-            if k in out:
-                out[k] = json.loads(out[k])
-        out["mounted"] = True
-    else:
-        from .journal import CorruptMetadata, Journal
-        from .metadata import load_trusted
-
-        store = OsBackingStore(d)
-        try:
-            loaded = load_trusted(Journal(store))
-        except CorruptMetadata as e:
-            raise CliError(f"{d}: {e}", 1) from None
-        finally:
-            store.shutdown()
-        st = loaded.state
-        aborts = st.aborts + [e for e in st.entries if e.get("op") == "abort"]
-        out = {"mounted": False, "committed_files": len(st.files),
-               "journal_entries": len(st.entries), "aborts": aborts[-10:],
-               "metadata": {"status": "corrupt" if loaded.problems else "ok", "problems": loaded.problems}}
-    print(json.dumps(out, indent=2))
-    return 0
+def _add_integrity_args(m: argparse.ArgumentParser) -> None:
+    m.add_argument("--on-corrupt", choices=("eio", "rollback"), default="eio",
+                   help="corrupt committed file: fail with EIO (default) or serve its newest good kept generation")
+    m.add_argument("--keep-generations", type=int, default=1, metavar="N",
+                   help="previous committed versions kept per overwritten file (default 1; 0 = none)")
+    m.add_argument("--scrub-interval", type=float, default=86400.0, metavar="SECONDS",
+                   help="background re-verification of all committed files every SECONDS (default 86400; 0 = off)")
+    m.add_argument("--scrub-rate", type=float, default=64.0, metavar="MB/s",
+                   help="read rate limit of the background scrub (default 64 MB/s; 0 = unlimited)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ckptfs", description="crash-consistent checkpoint filesystem")
-    p.add_argument("--version", action="version", version=f"ckptfs {__version__}")
-    sub = p.add_subparsers(dest="cmd", required=True)
+def _integrity_argv(a: argparse.Namespace) -> list[str]:
+    """The integrity options to pass on to the foreground daemon."""
+    return ["--on-corrupt", a.on_corrupt, "--keep-generations", str(a.keep_generations),
+            "--scrub-interval", str(a.scrub_interval), "--scrub-rate", str(a.scrub_rate)]
 
+
+def _integrity_kwargs(a: argparse.Namespace) -> dict:
+    return {"on_corrupt": a.on_corrupt, "keep_generations": a.keep_generations,
+            "scrub_interval": a.scrub_interval, "scrub_rate_mb": a.scrub_rate}
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
     m = sub.add_parser("mount", help="mount ckptfs over DIR (in place)")
     m.add_argument("dir")
     m.add_argument("--backing", help="serve this directory at DIR instead of DIR itself")
@@ -344,7 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--idle-seal", type=float, metavar="SECONDS",
                    help="seal marker-less groups after this long without activity (default 30)")
     m.add_argument("--debug", action="store_true")
-    cli_integrity.add_mount_args(m)
+    _add_integrity_args(m)
     m.set_defaults(func=cmd_mount)
 
     u = sub.add_parser("umount", help="unmount, waiting for pending commits")
@@ -357,31 +276,3 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("dir")
     r.add_argument("--rebuild", action="store_true", help="set an unreadable snapshot aside")
     r.set_defaults(func=cmd_recover)
-
-    s = sub.add_parser("status", help="daemon state, commits and aborted versions")
-    s.add_argument("dir")
-    s.set_defaults(func=cmd_status)
-    cli_integrity.register(sub)
-    from .cli_groups import add_parsers
-
-    add_parsers(sub)
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except CliError as e:
-        print(f"ckptfs: error: {e}", file=sys.stderr)
-        return e.code
-    except GroupCliError as e:
-        print(f"ckptfs: error: {e}", file=sys.stderr)
-        return e.code
-    except KeyboardInterrupt:
-        return 130
-
-
-if __name__ == "__main__":
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    sys.exit(main())

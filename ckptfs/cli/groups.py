@@ -1,4 +1,4 @@
-"""Command line for checkpoint groups: ``ckptfs ls / show / seal / gc / verify``.
+"""Checkpoint group commands: ``ckptfs ls / show / seal / gc`` and the group half of ``ckptfs verify``.
 
 Each command works on a mounted directory (through the daemon's xattrs and the
 files as served) and, except ``seal``, on an unmounted one (from the plain
@@ -12,68 +12,15 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import blake3
 
-from . import META_DIR
-from .backing import OsBackingStore
-from .groups import CORRUPT, OPEN, SEALED, TORN, GroupState, SealError, read_seal
-from .journal import Journal
-from .recovery import apply_entry, parent
-
-
-class GroupCliError(Exception):
-    def __init__(self, msg: str, code: int = 2) -> None:
-        super().__init__(msg)
-        self.code = code
-
-
-def find_mount_root(path: str) -> str | None:
-    from .cli import is_ckptfs_mount
-
-    p = os.path.abspath(path)
-    while True:
-        if is_ckptfs_mount(p):
-            return p
-        up = os.path.dirname(p)
-        if up == p:
-            return None
-        p = up
-
-
-def find_backing_root(path: str) -> str | None:
-    p = os.path.abspath(path)
-    while True:
-        if os.path.isdir(os.path.join(p, META_DIR)):
-            return p
-        up = os.path.dirname(p)
-        if up == p:
-            return None
-        p = up
-
-
-@dataclass
-class Where:
-    """Where a CLI path lives: ``root`` (mountpoint or backing dir) and ``rel`` inside it."""
-
-    root: str
-    rel: str
-    mounted: bool
-
-
-def locate(path: str) -> Where:
-    if not os.path.exists(path):
-        raise GroupCliError(f"{path}: no such file or directory")
-    root = find_mount_root(path)
-    if root is not None:
-        return Where(root, os.path.relpath(os.path.abspath(path), root).removeprefix("."), True)
-    root = find_backing_root(path)
-    if root is None:
-        raise GroupCliError(f"{path}: not inside a ckptfs mount or a directory ckptfs has managed "
-                            f"(no {META_DIR}/ above it)")
-    return Where(root, os.path.relpath(os.path.abspath(path), root).removeprefix("."), False)
+from ..backing import OsBackingStore
+from ..groups import CORRUPT, OPEN, SEALED, TORN, GroupState, SealError, read_seal
+from ..journal import Journal
+from ..recovery import apply_entry, parent
+from .common import CliError, Where, locate
 
 
 def offline_groups(root: str) -> tuple[dict[str, Any], dict[str, GroupState]]:
@@ -120,7 +67,7 @@ def list_groups(w: Where) -> list[dict[str, Any]]:
         try:
             return json.loads(os.getxattr(d, "user.ckptfs.groups"))
         except OSError as e:
-            raise GroupCliError(f"{d}: cannot read group list: {e.strerror}", 1) from None
+            raise CliError(f"{d}: cannot read group list: {e.strerror}", 1) from None
     _, groups = offline_groups(w.root)
     rel = w.rel.strip("/")
     out = [g.to_json() for g in groups.values() if parent(g.path) == rel]
@@ -153,7 +100,7 @@ def _group_at(w: Where) -> GroupState:
     _, groups = offline_groups(w.root)
     g = groups.get(w.rel.strip("/"))
     if g is None:
-        raise GroupCliError(f"{os.path.join(w.root, w.rel)}: not a checkpoint group")
+        raise CliError(f"{os.path.join(w.root, w.rel)}: not a checkpoint group")
     return g
 
 
@@ -165,7 +112,7 @@ def cmd_show(a: argparse.Namespace) -> int:
             attrs = {k.removeprefix("user.ckptfs."): v
                      for k, v in json.loads(os.getxattr(p, "user.ckptfs.attrs")).items()}
         except OSError as e:
-            raise GroupCliError(f"{p}: cannot read its status: {e.strerror}", 1) from None
+            raise CliError(f"{p}: cannot read its status: {e.strerror}", 1) from None
         if "group" not in attrs:  # a file or an ordinary directory: its status attributes
             print(json.dumps(attrs, indent=2, sort_keys=True))
             return 0
@@ -197,12 +144,12 @@ def cmd_seal(a: argparse.Namespace) -> int:
     w = locate(a.dir)
     p = os.path.join(w.root, w.rel)
     if not w.mounted:
-        raise GroupCliError(f"{p}: not mounted; sealing needs the daemon (mount it, or it stays as it is)")
+        raise CliError(f"{p}: not mounted; sealing needs the daemon (mount it, or it stays as it is)")
     try:
         os.setxattr(p, "user.ckptfs.seal", b"1")
         status = os.getxattr(p, "user.ckptfs.status").decode()
     except OSError as e:
-        raise GroupCliError(f"{p}: seal failed: {e.strerror}", 1) from None
+        raise CliError(f"{p}: seal failed: {e.strerror}", 1) from None
     print(f"ckptfs: {p}: {status}")
     return 0 if status == SEALED else 1
 
@@ -213,10 +160,10 @@ def cmd_gc(a: argparse.Namespace) -> int:
         try:
             os.setxattr(w.root, "user.ckptfs.gc", b"1")
         except OSError as e:
-            raise GroupCliError(f"{w.root}: gc failed: {e.strerror}", 1) from None
+            raise CliError(f"{w.root}: gc failed: {e.strerror}", 1) from None
         print(f"ckptfs: gc done on {w.root}")
         return 0
-    from .fs import CkptFS
+    from ..fs import CkptFS
 
     store = OsBackingStore(w.root)
     try:
@@ -350,21 +297,3 @@ def add_parsers(sub: Any) -> None:
     gc = sub.add_parser("gc", help="delete torn/corrupt groups kept in quarantine")
     gc.add_argument("dir")
     gc.set_defaults(func=cmd_gc)
-    verify = sub.choices.get("verify")  # registered by cli_integrity: files; add the group checks
-    if verify is not None:
-        verify.set_defaults(func=cmd_verify_all)
-
-
-def cmd_verify_all(a: argparse.Namespace) -> int:
-    """``ckptfs verify``: every committed file against its digests (cli_integrity), then every
-    group at or under PATH against its manifest and COMMIT (G1, files added after the seal)."""
-    from .cli_integrity import cmd_verify
-
-    rc = cmd_verify(a)
-    try:
-        locate(a.path)
-    except GroupCliError:
-        return rc  # not inside a ckptfs directory: cmd_verify already said so
-    if not os.path.isdir(a.path):
-        return rc
-    return max(rc, cmd_verify_groups(a))

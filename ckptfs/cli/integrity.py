@@ -1,4 +1,4 @@
-"""Integrity subcommands and mount options: ``ckptfs verify``, ``scrub``, ``forget``.
+"""Integrity commands: ``ckptfs verify`` (the files half), ``scrub``, ``forget``.
 
 ``verify PATH`` and ``scrub DIR`` work in two modes:
 
@@ -25,41 +25,15 @@ import stat
 import sys
 import time
 
-from . import META_DIR
-from .backing import OsBackingStore
-from .cli_groups import find_backing_root, find_mount_root
-from .verify import Finding, ProgressBar, RateLimiter, load_offline, select, untracked_files, verify_many
+from .. import META_DIR
+from ..backing import OsBackingStore
+from ..verify import Finding, ProgressBar, RateLimiter, load_offline, select, untracked_files, verify_many
+from .common import CliError, find_backing_root, find_mount_root, is_ckptfs_mount
 
 CONTROL = b"user.ckptfs.control"
 
 
-class _Err(Exception):
-    pass
-
-
-def add_mount_args(m: argparse.ArgumentParser) -> None:
-    m.add_argument("--on-corrupt", choices=("eio", "rollback"), default="eio",
-                   help="corrupt committed file: fail with EIO (default) or serve its newest good kept generation")
-    m.add_argument("--keep-generations", type=int, default=1, metavar="N",
-                   help="previous committed versions kept per overwritten file (default 1; 0 = none)")
-    m.add_argument("--scrub-interval", type=float, default=86400.0, metavar="SECONDS",
-                   help="background re-verification of all committed files every SECONDS (default 86400; 0 = off)")
-    m.add_argument("--scrub-rate", type=float, default=64.0, metavar="MB/s",
-                   help="read rate limit of the background scrub (default 64 MB/s; 0 = unlimited)")
-
-
-def mount_argv(a: argparse.Namespace) -> list[str]:
-    """The integrity options to pass on to the foreground daemon."""
-    return ["--on-corrupt", a.on_corrupt, "--keep-generations", str(a.keep_generations),
-            "--scrub-interval", str(a.scrub_interval), "--scrub-rate", str(a.scrub_rate)]
-
-
-def fs_kwargs(a: argparse.Namespace) -> dict:
-    return {"on_corrupt": a.on_corrupt, "keep_generations": a.keep_generations,
-            "scrub_interval": a.scrub_interval, "scrub_rate_mb": a.scrub_rate}
-
-
-def register(sub: argparse._SubParsersAction) -> None:
+def add_parsers(sub: argparse._SubParsersAction) -> None:
     v = sub.add_parser("verify", help="verify committed files against their digests (mounted or not)")
     v.add_argument("path", help="a ckptfs directory, or a file/directory inside one")
     v.add_argument("--progress", action="store_true", help="progress bar on stderr even when not a tty")
@@ -103,7 +77,7 @@ def _report(findings: list[Finding], problems: list[str], untracked: list[str], 
 def _offline(path: str, rate: float, progress: bool, as_json: bool) -> int:
     root = find_backing_root(path)
     if root is None:
-        raise _Err(f"{path}: not inside a ckptfs directory (no {META_DIR} found)")
+        raise CliError(f"{path}: not inside a ckptfs directory (no {META_DIR} found)")
     rel = os.path.relpath(os.path.abspath(path), root)
     rel = "" if rel == "." else rel
     store = OsBackingStore(root)
@@ -111,7 +85,7 @@ def _offline(path: str, rate: float, progress: bool, as_json: bool) -> int:
         state = load_offline(store)
         recs = select(state.files, rel)
         gen_recs = {}
-        from .records import FileRecord
+        from ..records import FileRecord
 
         for p, gs in state.generations.items():
             if p in recs:
@@ -180,30 +154,20 @@ def _mounted(path: str, progress: bool, as_json: bool) -> int:
 
 # ---------------------------------------------------------------- commands
 def cmd_verify(a: argparse.Namespace) -> int:
-    from .cli import CliError
-
     if not os.path.lexists(a.path):
         raise CliError(f"{a.path}: no such file or directory")
-    try:
-        if find_mount_root(a.path):
-            return _mounted(a.path, a.progress, a.json)
-        return _offline(a.path, 0.0, a.progress, a.json)
-    except _Err as e:
-        raise CliError(str(e)) from None
+    if find_mount_root(a.path):
+        return _mounted(a.path, a.progress, a.json)
+    return _offline(a.path, 0.0, a.progress, a.json)
 
 
 def cmd_scrub(a: argparse.Namespace) -> int:
-    from .cli import CliError
-
     d = os.path.abspath(a.dir)
     if not os.path.isdir(d):
         raise CliError(f"{d}: no such directory")
     root = find_mount_root(d)
     if root is None:
-        try:
-            return _offline(d, a.rate, a.progress, a.json)
-        except _Err as e:
-            raise CliError(str(e)) from None
+        return _offline(d, a.rate, a.progress, a.json)
     before = json.loads(os.getxattr(root, "user.ckptfs.scrub"))
     t0 = time.time()
     os.setxattr(root, CONTROL, b"scrub")
@@ -221,9 +185,8 @@ def cmd_scrub(a: argparse.Namespace) -> int:
 
 def cmd_forget(a: argparse.Namespace) -> int:
     """Accept offline changes: drop the records (and kept generations) of FILES."""
-    from .cli import CliError, is_ckptfs_mount
-    from .journal import Journal
-    from .recovery import recover
+    from ..journal import Journal
+    from ..recovery import recover
 
     d = os.path.abspath(a.dir)
     if is_ckptfs_mount(d):
@@ -240,7 +203,9 @@ def cmd_forget(a: argparse.Namespace) -> int:
                 print(f"ckptfs: {rel}: no record", file=sys.stderr)
             for g in rep.generations.pop(rel, []):
                 store.unlink(g.name)
-        j.compact(rep.files, rep.aborts)
+        # the same state recovery's own compaction writes: records, aborts, groups, and the kept
+        # generations (recover() set j.extra_state to read rep.generations, popped above)
+        j.compact(rep.files, rep.aborts, {p: g.to_json() for p, g in rep.groups.items()})
         print(f"ckptfs: {len(rep.files)} committed files remain recorded")
     finally:
         store.shutdown()

@@ -1,0 +1,88 @@
+"""What every command module shares: the one error class, and finding the ckptfs directory a path is in.
+
+Every user error ends in one line ``ckptfs: error: ...`` and exit status 2
+(1 for operational failures), never a traceback: commands raise
+:class:`CliError` and ``main`` prints it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from .. import META_DIR
+from ..mounts import is_ckptfs_mount
+
+__all__ = ["CliError", "Where", "daemon_pid", "find_backing_root", "find_mount_root", "fusermount",
+           "is_ckptfs_mount", "locate"]
+
+
+class CliError(Exception):
+    def __init__(self, msg: str, code: int = 2) -> None:
+        super().__init__(msg)
+        self.code = code
+
+
+def fusermount(path: str, lazy: bool = False) -> subprocess.CompletedProcess:
+    exe = shutil.which("fusermount3") or shutil.which("fusermount")
+    if exe:
+        cmd = [exe, "-uz" if lazy else "-u", path]
+    elif sys.platform == "darwin" or os.geteuid() == 0:
+        cmd = ["umount", *(["-l"] if lazy and sys.platform != "darwin" else []), path]
+    else:
+        raise CliError("fusermount3 not found: install fuse3 (apt-get install fuse3)")
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+def daemon_pid(path: str) -> int | None:
+    try:
+        return int(os.getxattr(path, "user.ckptfs.pid"))
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def find_mount_root(path: str) -> str | None:
+    p = os.path.abspath(path)
+    while True:
+        if is_ckptfs_mount(p):
+            return p
+        up = os.path.dirname(p)
+        if up == p:
+            return None
+        p = up
+
+
+def find_backing_root(path: str) -> str | None:
+    p = os.path.abspath(path)
+    while True:
+        if os.path.isdir(os.path.join(p, META_DIR)):
+            return p
+        up = os.path.dirname(p)
+        if up == p:
+            return None
+        p = up
+
+
+@dataclass
+class Where:
+    """Where a CLI path lives: ``root`` (mountpoint or backing dir) and ``rel`` inside it."""
+
+    root: str
+    rel: str
+    mounted: bool
+
+
+def locate(path: str) -> Where:
+    if not os.path.exists(path):
+        raise CliError(f"{path}: no such file or directory")
+    root = find_mount_root(path)
+    if root is not None:
+        return Where(root, os.path.relpath(os.path.abspath(path), root).removeprefix("."), True)
+    root = find_backing_root(path)
+    if root is None:
+        raise CliError(f"{path}: not inside a ckptfs mount or a directory ckptfs has managed "
+                       f"(no {META_DIR}/ above it)")
+    return Where(root, os.path.relpath(os.path.abspath(path), root).removeprefix("."), False)

@@ -1,0 +1,52 @@
+"""The ``ckptfs`` argument parser and ``main``: the one module that imports the command modules.
+
+Imports go one way: this module -> command modules (mount, status, integrity,
+groups) -> common.  ``ckptfs verify`` spans two of them (files: integrity;
+groups: groups), so it is put together here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .. import __version__
+from . import groups, integrity, mount, status
+from .common import CliError, locate
+
+
+def cmd_verify(a: argparse.Namespace) -> int:
+    """``ckptfs verify``: every committed file against its digests (integrity), then every
+    group at or under PATH against its manifest and COMMIT (G1, files added after the seal)."""
+    rc = integrity.cmd_verify(a)
+    try:
+        locate(a.path)
+    except CliError:
+        return rc  # not inside a ckptfs directory: integrity.cmd_verify already said so
+    if not os.path.isdir(a.path):
+        return rc
+    return max(rc, groups.cmd_verify_groups(a))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ckptfs", description="crash-consistent checkpoint filesystem")
+    p.add_argument("--version", action="version", version=f"ckptfs {__version__}")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    mount.add_parsers(sub)  # mount, umount, recover
+    status.add_parsers(sub)
+    integrity.add_parsers(sub)  # verify, scrub, forget
+    groups.add_parsers(sub)  # ls, show, seal, gc
+    sub.choices["verify"].set_defaults(func=cmd_verify)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except CliError as e:
+        print(f"ckptfs: error: {e}", file=sys.stderr)
+        return e.code
+    except KeyboardInterrupt:
+        return 130
