@@ -38,8 +38,8 @@ from typing import Any
 from . import META_DIR, __version__, crashpoints, events, exits, formats, procinfo
 from .backing import BackingStore
 from .generations import Generations
-from .group_ops import GroupOps
-from .groups import COMMITTED_VIEW, CORRUPT, OPEN, SEALED, SealError, read_seal
+from .group_ops import GroupEngine
+from .groups import COMMITTED_VIEW, CORRUPT, OPEN, SEALED, GroupState, SealError, read_seal
 from .hashing import digest_fd
 from .inodes import InodeMap
 from .integrity import CONTROL_XATTR, Integrity
@@ -95,7 +95,7 @@ def reserved(path: str) -> bool:
     return is_meta(path) or is_view(path)
 
 
-class CkptFS(GroupOps):
+class CkptFS:
     """Crash-consistent checkpoint filesystem over a BackingStore."""
 
     def __init__(
@@ -144,8 +144,14 @@ class CkptFS(GroupOps):
         # kept previous versions (G11, --on-corrupt rollback): written by the commit path
         self.gens = Generations(store, keep_generations, self.recovery.generations)
         self.journal.extra_state = lambda: {"generations": self.gens.to_json()}
+        self.grp = GroupEngine(  # checkpoint groups (group_ops.py)
+            store=store, journal=self.journal, rules=self.rules, records=self.records, groups=self.groups,
+            pending=self.pending, queued=self.queued, aborts=self.aborts, lock=self.lock,
+            commit_lock=self.commit_lock, stats=self.stats, gens=self.gens, events=self.events,
+            barrier=self._barrier, ns_op=self._ns_op, children_pending=self._children_pending,
+            lexists=self._lexists)
         # verify-on-read, on demand and in the background (integrity.py)
-        self.integrity = Integrity(store, self.records, self.gens, self.commit_lock, self.stats, self.note_corrupt,
+        self.integrity = Integrity(store, self.records, self.gens, self.commit_lock, self.stats, self.grp.note_corrupt,
                                    on_corrupt=on_corrupt, scrub_interval=scrub_interval,
                                    scrub_rate_mb=scrub_rate_mb, metadata_problems=self.recovery.problems)
         self._stop = threading.Event()
@@ -161,7 +167,7 @@ class CkptFS(GroupOps):
     def _housekeep(self, interval: float) -> None:
         while not self._stop.wait(interval):
             try:
-                self.housekeeping()
+                self.grp.housekeeping()
             except Exception:  # never let a background check kill the daemon
                 log.exception("housekeeping failed")
 
@@ -187,7 +193,7 @@ class CkptFS(GroupOps):
         g = self.groups.get(real)
         if g is not None and g.state != SEALED:
             raise _err(errno.ENOENT)
-        g = self._group_of(real)
+        g = self.grp.group_of(real)
         if g is not None and g.state != SEALED:
             raise _err(errno.ENOENT)
         return real
@@ -216,6 +222,15 @@ class CkptFS(GroupOps):
             return self.handles[fh]
         except KeyError:
             raise _err(errno.EBADF) from None
+
+    # ------------------------------------------------------- control verbs
+    def seal(self, path: str, pid: int = 0) -> GroupState:
+        """``ckptfs seal`` / ``user.ckptfs.seal``: the directory at ``path`` becomes a sealed group."""
+        return self.grp.seal(path, pid)
+
+    def gc(self) -> dict[str, int]:
+        """``ckptfs gc`` / ``user.ckptfs.gc``: delete quarantined groups and debris."""
+        return self.grp.gc()
 
     def served(self, fh: int) -> tuple[str, tuple | None] | None:
         """The path of open handle ``fh`` and the verified version key it reads from (None for a
@@ -251,11 +266,11 @@ class CkptFS(GroupOps):
             for v in list(self.pending.values()):
                 self._discard(v, "filesystem unmounted while file open")
             try:
-                self.settle_open_groups()
+                self.grp.settle_open_groups()
             except OSError as e:
                 log.warning("could not settle open groups at unmount (recovery will): %s", e)
             try:
-                self.journal.compact(self.records, list(self.aborts), self._groups_json())
+                self.journal.compact(self.records, list(self.aborts), self.grp.to_json())
             except OSError as e:
                 log.warning("final compaction failed (recovery will replay the journal): %s", e)
             self.journal.close()
@@ -298,9 +313,9 @@ class CkptFS(GroupOps):
                 return self._st(ov)
         g = self.groups.get(path)
         if g is not None and g.state == OPEN:
-            self._check_torn(g)
+            self.grp.check_torn(g)
         elif g is not None and g.state == SEALED and g.corrupt:
-            self._quarantine_corrupt(g)
+            self.grp.quarantine_corrupt(g)
         return self._st(self.store.lstat(path))
 
     def readdir(self, path: str) -> list[tuple[str, dict[str, int], int]]:
@@ -319,7 +334,7 @@ class CkptFS(GroupOps):
                     shown.append((n, {"st_ino": self.inodes.reported(ino), "st_mode": t}, 0))
             return [*self._dots(real), *shown]
         self._check_visible(path)
-        self._sweep_children(path)
+        self.grp.sweep_children(path)
         entries = {n: (ino, t) for n, ino, t in self.store.scandir(path)}
         if path == "":
             entries.pop(META_DIR, None)
@@ -472,7 +487,7 @@ class CkptFS(GroupOps):
             raise _err(errno.EROFS)
         if is_meta(path) or path == "":
             raise _err(errno.EACCES)
-        self._note_group_write(path, caller.pid)
+        self.grp.note_write(path, caller.pid)
         if flags & os.O_EXCL and self._lexists(path):
             raise _err(errno.EEXIST)
         if not self.store.exists(parent(path)):
@@ -499,7 +514,7 @@ class CkptFS(GroupOps):
             return self._new_fh(Handle(path=real, writable=False, fd=self.store.open(real, os.O_RDONLY)))
         self._check_visible(path)
         if writable and flags & os.O_TRUNC:
-            self._note_group_write(path, caller.pid)
+            self.grp.note_write(path, caller.pid)
             self._stat_or_stale(path)  # (disk work, and with --on-corrupt rollback a hash: never under lock, I5)
             nv = self._new_version_like(path, 0, caller)
             with self.lock:
@@ -575,7 +590,7 @@ class CkptFS(GroupOps):
         if v is not None and v.state == "open":
             return v
         if h.path not in self.hidden:  # a write to an unlinked file changes no group
-            self._note_group_write(h.path, caller.pid)
+            self.grp.note_write(h.path, caller.pid)
         with h.lock:
             v = h.version
             if v is not None and v.state == "open":
@@ -720,7 +735,7 @@ class CkptFS(GroupOps):
                 return False
             if reason:
                 self._abort(v, reason)
-                self._group_write_refused(v.path, reason)
+                self.grp.write_refused(v.path, reason)
                 raise _err(errno.EIO, f"ckptfs: refusing to commit incomplete {v.path}: {reason}")
         got = v.digest.finish(size)
         if got is None:
@@ -749,8 +764,8 @@ class CkptFS(GroupOps):
         assert rec is not None
         prev = self.records.get(v.path)
         rec = dataclasses.replace(rec, generation=prev.generation + 1 if prev else 1)
-        if self._is_pointer(v.path) and rec.size <= 4096:
-            self._seal_named_by_pointer(v.path, self.store.pread(v.fd, rec.size, 0))
+        if self.grp.is_pointer(v.path) and rec.size <= 4096:
+            self.grp.seal_named_by_pointer(v.path, self.store.pread(v.fd, rec.size, 0))
         self.store.fsync(v.fd)
         crashpoints.hit("stage_synced")
         keep = self.integrity.keep_plan(v.path, prev)  # previous generation kept (generations.py)
@@ -788,7 +803,7 @@ class CkptFS(GroupOps):
             raise
         crashpoints.hit("dir_synced")
         self._installed(v, rec, keep)
-        self._after_install(v.path)
+        self.grp.after_install(v.path)
         self._maybe_compact()
 
     def _installed(self, v: Version, rec: FileRecord, keep: dict | None = None) -> None:
@@ -812,7 +827,7 @@ class CkptFS(GroupOps):
 
     def _maybe_compact(self) -> None:
         if self.journal.entries_since_snapshot >= COMPACT_EVERY:
-            self.journal.compact(self.records, list(self.aborts), self._groups_json())
+            self.journal.compact(self.records, list(self.aborts), self.grp.to_json())
 
     def _commit(self, v: Version, caller: Caller, wait: bool, at_fsync: bool = False) -> bool:
         """Seal and commit v (sync: inline; async: queued, optionally waited).
@@ -864,7 +879,7 @@ class CkptFS(GroupOps):
         sig = procinfo.killing_signal(caller.pid)
         if sig:
             v.doomed = f"writer pid {caller.pid} killed by signal {sig}"
-            self._group_writer_killed(v.path, v.doomed)
+            self.grp.writer_killed(v.path, v.doomed)
             self._unpublish(v)
             return
         if v.unlinked:
@@ -981,7 +996,7 @@ class CkptFS(GroupOps):
                 with self.lock:
                     self._discard(v, None)
         if h.writable:
-            self._poke_group(v.path)
+            self.grp.poke(v.path)
 
     def _discard(self, v: Version, reason: str | None) -> None:
         """Drop a version that will never be installed: unlisted, its staging file removed.  Takes
@@ -1064,7 +1079,7 @@ class CkptFS(GroupOps):
                 self.store.mkdir(path, stat.S_IMODE(mode))
                 self._set_new_owner(path, caller)
 
-            self._note_group_mkdir(path, caller.pid)
+            self.grp.note_mkdir(path, caller.pid)
             self._ns_op({"op": "mkdir", "path": path, "mode": mode}, do, [parent(path)])
 
     def rmdir(self, path: str) -> None:
@@ -1080,8 +1095,8 @@ class CkptFS(GroupOps):
             if self.store.listdir(path):
                 raise _err(errno.ENOTEMPTY)
             self._ns_op({"op": "rmdir", "path": path}, lambda: self.store.rmdir(path), [parent(path)])
-            self._forget_group_dir(path)
-            self._deletion_done(path)
+            self.grp.forget_dir(path)
+            self.grp.deletion_done(path)
 
     def symlink(self, target: str, path: str, caller: Caller = NOBODY) -> None:
         path = self.norm(path)
@@ -1094,7 +1109,7 @@ class CkptFS(GroupOps):
             if self._lexists(path):
                 raise _err(errno.EEXIST)
             if not target.startswith("/"):  # G6: a link naming an open group waits for its seal
-                self._seal_before_reference(os.path.normpath(os.path.join(parent(path), target)).lstrip("./"),
+                self.grp.seal_before_reference(os.path.normpath(os.path.join(parent(path), target)).lstrip("./"),
                                             f"symlink {path}", path)
 
             def do() -> None:
@@ -1115,9 +1130,9 @@ class CkptFS(GroupOps):
         with self.commit_lock:
             target = self.rules.unfinished_target(os.path.basename(path))
             if target is not None:  # NeMo: removing "<ckpt>-unfinished" completes <ckpt>
-                g = self._live_group(os.path.join(parent(path), target))
+                g = self.grp.live_group(os.path.join(parent(path), target))
                 if g is not None and g.state == OPEN:
-                    self._seal_group(g, f"unfinished marker {path} removed")
+                    self.grp.seal_group(g, f"unfinished marker {path} removed")
             with self.lock:
                 v = self.pending.pop(path, None) or self.queued.pop(path, None)
                 if v is not None:
@@ -1128,11 +1143,11 @@ class CkptFS(GroupOps):
                     raise _err(errno.EISDIR)
                 if gone.st_nlink == 1:
                     self.inodes.drop(gone.st_ino)
-                g = self._deleting_group(path)
+                g = self.grp.deleting_group(path)
                 if g is not None:
-                    self._defer_delete(g, path, caller.pid)
+                    self.grp.defer_delete(g, path, caller.pid)
                 else:
-                    self._note_group_unlink(path)
+                    self.grp.note_unlink(path)
                     self._ns_op({"op": "unlink", "path": path}, lambda: self.store.unlink(path), [parent(path)])
             elif v is None:
                 raise _err(errno.ENOENT)
@@ -1196,7 +1211,7 @@ class CkptFS(GroupOps):
                 raise _err(errno.ENOENT if self._visible(old) is None else errno.EBUSY)
             if stat.S_ISDIR(self.store.lstat(old).st_mode):
                 raise _err(errno.EPERM)
-            self._note_group_link(new, caller.pid)
+            self.grp.note_link(new, caller.pid)
             self._ns_op({"op": "link", "src": old, "dst": new}, lambda: self.store.link(old, new),
                         [parent(new)])
             with self.lock:
@@ -1204,7 +1219,7 @@ class CkptFS(GroupOps):
                     self.records[new] = self.records[old]
                 else:
                     self.records.pop(new, None)
-            self._after_install(new)
+            self.grp.after_install(new)
 
     def _on_hidden(self, path: str, fn):  # type: ignore[no-untyped-def]
         """``fn(fd)`` on a backing fd of the open, unlinked file libfuse calls ``path``
@@ -1269,10 +1284,10 @@ class CkptFS(GroupOps):
                 raise _err(errno.ENOENT)
             if self._children_pending(new):
                 raise _err(errno.ENOTEMPTY)
-            if on_disk and self._is_pointer(new) and old in self.records and self.records[old].size <= 4096:
+            if on_disk and self.grp.is_pointer(new) and old in self.records and self.records[old].size <= 4096:
                 fd = self.store.open(old, os.O_RDONLY)
                 try:
-                    self._seal_named_by_pointer(new, self.store.pread(fd, 4096, 0))
+                    self.grp.seal_named_by_pointer(new, self.store.pread(fd, 4096, 0))
                 finally:
                     self.store.close(fd)
             is_dir = on_disk and stat.S_ISDIR(self.store.lstat(old).st_mode)
@@ -1283,7 +1298,7 @@ class CkptFS(GroupOps):
                 keep = self.integrity.keep_plan(new, self.records[new])
             if on_disk:
                 dirs = [parent(new), parent(old)]
-                self._note_group_rename(old, new, caller.pid)
+                self.grp.note_rename(old, new, caller.pid)
                 entry: dict[str, Any] = {"op": "rename", "src": old, "dst": new}
                 if keep is not None:
                     entry["keep"] = keep
@@ -1299,7 +1314,7 @@ class CkptFS(GroupOps):
                         raise
 
                 self._ns_op(entry, do, dirs)
-                self._groups_renamed(old, new)
+                self.grp.renamed(old, new)
             with self.lock:
                 if on_disk:
                     pre = new + "/"
@@ -1324,7 +1339,7 @@ class CkptFS(GroupOps):
                     self.hidden[new + hp[len(old):]] = self.hidden.pop(hp)
             if on_disk:
                 self.events.emit(events.RENAMED, old, dst=new)
-                self._after_rename(old, new, is_dir, caller.pid)
+                self.grp.after_rename(old, new, is_dir, caller.pid)
 
     # ------------------------------------------------------------ attributes
     def _attr_target(self, path: str) -> str:
@@ -1370,14 +1385,14 @@ class CkptFS(GroupOps):
                 "user.ckptfs.rules": json.dumps({"source": self.rules.source, "keep_last": self.rules.keep_last,
                                                  "keep_every": self.rules.keep_every,
                                                  "idle_seal_seconds": self.rules.idle_seconds}),
-                "user.ckptfs.groups": self.groups_json_attr(path),
+                "user.ckptfs.groups": self.grp.groups_json_attr(path),
                 **self.integrity.root_attrs(),
             }
         out: dict[str, str] = {}
         g = self.groups.get(path)
         if g is not None and g.state in (OPEN, SEALED) and not g.tentative:
             out["user.ckptfs.status"] = CORRUPT if g.corrupt else g.state
-            out["user.ckptfs.group"] = json.dumps(self.group_summary(g), sort_keys=True)
+            out["user.ckptfs.group"] = json.dumps(self.grp.group_summary(g), sort_keys=True)
             if g.state == SEALED:
                 try:
                     manifest = read_seal(self.store, g.id)[0]
@@ -1389,9 +1404,9 @@ class CkptFS(GroupOps):
                     out["user.ckptfs.error"] = f"seal unreadable: {e}"
             return out
         if self._visible(path) is None and stat.S_ISDIR(self.store.lstat(path).st_mode):
-            out["user.ckptfs.groups"] = self.groups_json_attr(path)
-            if (self.rules.dir_rule(os.path.basename(path)) is not None and self._group_of(path) is None
-                    and not self._groupable(path)):
+            out["user.ckptfs.groups"] = self.grp.groups_json_attr(path)
+            if (self.rules.dir_rule(os.path.basename(path)) is not None and self.grp.group_of(path) is None
+                    and not self.grp.groupable(path)):
                 # named like a checkpoint, never a group, holding files written past ckptfs (while unmounted)
                 out["user.ckptfs.status"] = "untracked"
             return out
@@ -1502,13 +1517,13 @@ class CkptFS(GroupOps):
         path = self.norm(path)
         self._check_visible(path)
         if name == CONTROL_SEAL:
-            self.seal(path, caller.pid)
+            self.grp.seal(path, caller.pid)
             return
         if name == CONTROL_GC and path == "":
             if caller is not NOBODY and caller.uid != 0 and self.store.lstat("").st_uid != caller.uid:
                 raise _err(errno.EPERM, "ckptfs: gc deletes quarantined groups anywhere in the mount: "
                                         "root or the mount's owner only")
-            self.gc()
+            self.grp.gc()
             return
         if name == CONTROL_XATTR:
             self.integrity.control(path, value)  # verify / scrub on demand (integrity.py)

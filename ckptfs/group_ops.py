@@ -1,8 +1,10 @@
-"""Checkpoint-group life cycle inside the filesystem (a mixin of ``CkptFS``).
+"""Checkpoint-group life cycle: a component of the engine with explicit dependencies.
 
-Expects the ``CkptFS`` attributes ``store``, ``journal``, ``records``,
-``pending``, ``queued``, ``lock``, ``commit_lock``, ``stats``, ``rules`` and
-``groups`` (path -> GroupState).
+:class:`GroupEngine` is given everything it touches (see its constructor): the backing store,
+the journal, the shared tables (records, groups, staged versions), the two locks, the kept
+generations, the event hub, and the four commit-path operations it needs (``barrier``,
+``ns_op``, ``children_pending``, ``lexists``).  The filesystem facade calls it at the points
+where a write, a close or a namespace change can open, seal, tear or delete a group.
 
 Invariants (with groups.py G1-G3):
 
@@ -38,14 +40,17 @@ G11 A torn re-save of a sealed group is rolled back to its last seal when
 
 from __future__ import annotations
 
+import collections
 import errno
 import json
 import logging
 import os
 import re
 import stat
+import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from . import crashpoints, events, exits, procinfo
 from .groups import (
@@ -69,6 +74,15 @@ from .recovery import quarantine_target
 from .rollback import apply_rollback, apply_rollback_state, make_durable, rollback_plan
 from .rules import CHECKPOINT_FILES, SIGNATURE_DEPTH, TMP_DIR_RE, Rule, parent_and_base, step_of
 
+if TYPE_CHECKING:
+    from .backing import BackingStore
+    from .events import Events
+    from .generations import Generations
+    from .journal import Journal
+    from .records import FileRecord
+    from .rules import RuleSet
+    from .versions import Version
+
 log = logging.getLogger("ckptfs.groups")
 
 EXPLICIT = Rule("explicit", idle_seal=False)
@@ -80,11 +94,37 @@ def _err(code: int, msg: str = "") -> OSError:
     return OSError(code, msg or os.strerror(code))
 
 
-class GroupOps:
-    groups: dict[str, GroupState]
+class GroupEngine:
+    """The groups of one filesystem.  Lock order as everywhere (I5): ``commit_lock`` before ``lock``;
+    methods that change groups durably say "caller holds commit_lock" or take it themselves."""
+
+    def __init__(self, *, store: BackingStore, journal: Journal, rules: RuleSet,
+                 records: dict[str, FileRecord], groups: dict[str, GroupState],
+                 pending: dict[str, Version], queued: dict[str, Version], aborts: collections.deque[dict],
+                 lock: threading.RLock, commit_lock: threading.RLock, stats: collections.Counter[str],
+                 gens: Generations, events: Events, barrier: Callable[[], None],
+                 ns_op: Callable[[dict, Callable[[], None], list[str]], None],
+                 children_pending: Callable[[str], bool], lexists: Callable[[str], bool]) -> None:
+        self.store = store
+        self.journal = journal
+        self.rules = rules
+        self.records = records  # path -> committed record (shared with the commit path)
+        self.groups = groups  # group path -> GroupState
+        self.pending = pending  # staged versions open for writing (read only here)
+        self.queued = queued  # sealed versions awaiting install (read only here)
+        self.aborts = aborts
+        self.lock = lock
+        self.commit_lock = commit_lock
+        self.stats = stats
+        self.gens = gens
+        self.events = events
+        self.barrier = barrier  # order after every earlier commit (async mode)
+        self.ns_op = ns_op  # journal + do + fsync dirs, one namespace change
+        self.children_pending = children_pending
+        self.lexists = lexists
 
     # ---------------------------------------------------------------- lookup
-    def _group_of(self, path: str) -> GroupState | None:
+    def group_of(self, path: str) -> GroupState | None:
         """The live (open/sealed) group strictly containing ``path``: its outermost group ancestor.
         Tentative groups (no evidence yet) are not groups for this purpose."""
         parts = path.split("/")
@@ -94,7 +134,7 @@ class GroupOps:
                 return g
         return None
 
-    def _live_group(self, path: str) -> GroupState | None:
+    def live_group(self, path: str) -> GroupState | None:
         g = self.groups.get(path)
         return g if g is not None and g.state in (OPEN, SEALED) and not g.tentative else None
 
@@ -112,7 +152,7 @@ class GroupOps:
             return [p for t in (self.pending, self.queued) for p, v in t.items()
                     if p.startswith(pre) and not v.unlinked and v.state in ("open", "queued", "committing")]
 
-    def _groupable(self, d: str) -> bool:
+    def groupable(self, d: str) -> bool:
         """A directory may become a group unless it holds files ckptfs never committed (legacy data)."""
         try:
             names = self.store.listdir(d)
@@ -167,24 +207,24 @@ class GroupOps:
             cur = parent(cur)
         return None
 
-    def _note_group_write(self, path: str, pid: int) -> None:
+    def note_write(self, path: str, pid: int) -> None:
         """A version of file ``path`` is about to be created: open its group if this file is evidence
         of a checkpoint (``_candidate``), or reopen the sealed group it changes."""
-        g = self._group_of(path)
+        g = self.group_of(path)
         if g is None:
             cand = self._candidate(path)
             if cand is None:
                 return  # not evidence of a checkpoint: an ordinary file in an ordinary directory
             d, rule = cand
             with self.commit_lock:
-                g = self._group_of(path)
+                g = self.group_of(path)
                 if g is None:
-                    g = self._live_group(d)
+                    g = self.live_group(d)
                 if g is None:
                     t = self._tentative_group(d)
                     if t is not None:
                         g = self._promote(t, rule, pid)
-                    elif not self._groupable(d):
+                    elif not self.groupable(d):
                         return
                     else:
                         g = self._open_group(d, rule, pid)
@@ -225,15 +265,15 @@ class GroupOps:
         base = os.path.basename(path)
         return self._rule_of(g).signs(base) or CHECKPOINT_RE.fullmatch(base) is not None
 
-    def _note_group_link(self, new: str, pid: int) -> None:
+    def note_link(self, new: str, pid: int) -> None:
         """A hard link ``new`` is about to be made (commit_lock held): an addition to its group (G10)."""
-        g = self._group_of(new)
+        g = self.group_of(new)
         if g is not None and g.state == SEALED:
             self._reopen(g, new, replaces=new in self.records)
 
-    def _group_write_refused(self, path: str, reason: str) -> None:
+    def write_refused(self, path: str, reason: str) -> None:
         """An incomplete known-format file was refused at close: evidence its group's save was cut."""
-        g = self._group_of(path)
+        g = self.group_of(path)
         if g is not None and g.state == OPEN:
             g.refused[path] = reason
 
@@ -274,11 +314,11 @@ class GroupOps:
         elif g.seal_requested.startswith(LATE):
             g.seal_requested = ""
 
-    def _note_group_rename(self, old: str, new: str, pid: int = 0) -> None:
+    def note_rename(self, old: str, new: str, pid: int = 0) -> None:
         """A rename from/into a group (commit_lock held, before it is journaled): renaming onto a file
         the group holds, or out of the group, is a change; into a new name an addition (G10).  The
         renaming process becomes a writer of the group (G7 waits for it)."""
-        go, gn = self._group_of(old), self._group_of(new)
+        go, gn = self.group_of(old), self.group_of(new)
         if gn is not None:
             self._reopen(gn, new, replaces=new in self.records or go is not gn)
         if go is not None and go is not gn:
@@ -287,21 +327,21 @@ class GroupOps:
             if g is not None and g.state == OPEN and pid and procinfo.tgid(pid) not in g.pids:
                 g.pids.append(procinfo.tgid(pid))
 
-    def _note_group_unlink(self, path: str) -> None:
+    def note_unlink(self, path: str) -> None:
         """An unlink inside a late-reopened group (commit_lock held): a sealed group's deletions go
         through its trash (G9); a late group's stops being late if a file it holds goes."""
-        g = self._group_of(path)
+        g = self.group_of(path)
         if g is not None and g.state == OPEN and g.late and path in self.records:
             self._reopen(g, path, replaces=True)
 
-    def _note_group_mkdir(self, path: str, pid: int) -> None:
+    def note_mkdir(self, path: str, pid: int) -> None:
         """A directory was created (commit_lock held).  Its name alone never makes a group: one a
         rule names becomes a *tentative* group (journaled, so a daemon crash is judged too; hidden
         from the committed view; no status change of the directory itself).  Evidence (a file of
         its layout) promotes it; once its maker is gone it is torn only if still empty and its maker
         was killed or failed (or, without exit events, had written a sibling group of the same
         layout), and released otherwise (``_judge_tentative``)."""
-        if self._group_of(path) is not None:
+        if self.group_of(path) is not None:
             return
         rule = self.rules.dir_rule(os.path.basename(path))
         if rule is None or not rule.on_mkdir:
@@ -313,7 +353,7 @@ class GroupOps:
     def _judge_tentative(self, g: GroupState) -> bool:
         """A tentative group whose maker may be gone: tear it (True) or release it.  Caller holds no
         lock."""
-        if any(procinfo.is_alive(p) for p in g.pids) or self._children_pending(g.path):
+        if any(procinfo.is_alive(p) for p in g.pids) or self.children_pending(g.path):
             return False
         try:
             empty = not self.store.listdir(g.path)
@@ -331,12 +371,12 @@ class GroupOps:
         if not why:
             self._release(g)
             return False
-        self._barrier()
+        self.barrier()
         with self.commit_lock:
             if self.groups.get(g.path) is not g or g.state != OPEN or not g.tentative:
                 return False
             try:
-                if self.store.listdir(g.path) or self._children_pending(g.path):
+                if self.store.listdir(g.path) or self.children_pending(g.path):
                     return False  # something arrived meanwhile (a file being written counts)
             except OSError:
                 return False
@@ -345,7 +385,7 @@ class GroupOps:
         return True
 
     # -------------------------------------------------------------- sealing
-    def _seal_group(self, g: GroupState, event: str, pid: int = 0) -> bool:
+    def seal_group(self, g: GroupState, event: str, pid: int = 0) -> bool:
         """Seal ``g`` now, or remember the request if files in it are still being written (G5).
 
         Caller holds commit_lock.  Returns True once g is sealed."""
@@ -389,67 +429,67 @@ class GroupOps:
         sibs = [s for s in self.groups.values() if s is not g and s.state == SEALED and parent(s.path) == d]
         return max(sibs, key=lambda s: (s.step if s.step is not None else -1, s.sealed_at), default=None)
 
-    def _poke_group(self, path: str) -> None:
+    def poke(self, path: str) -> None:
         """Re-check a deferred seal after a version under ``path`` was installed or dropped."""
-        g = self._group_of(path)
+        g = self.group_of(path)
         if g is not None and g.state == OPEN and g.seal_requested and not self._busy(g):
             with self.commit_lock:
                 if g.state == OPEN and g.seal_requested:
-                    self._seal_group(g, g.seal_requested)
+                    self.seal_group(g, g.seal_requested)
 
-    def _after_install(self, path: str) -> None:
+    def after_install(self, path: str) -> None:
         """A file was installed at ``path`` (commit_lock held): a marker seals its group."""
-        g = self._group_of(path)
+        g = self.group_of(path)
         if g is None or g.state != OPEN:
             return
         g.last_activity = time.time()
         g.refused.pop(path, None)  # rewritten complete after a refusal: no longer evidence
         d, base = parent_and_base(path)
         if d == g.path and base in self._rule_of(g).markers and not self._marked_unfinished(g):
-            self._seal_group(g, f"marker {base}")
+            self.seal_group(g, f"marker {base}")
         elif g.seal_requested:
-            self._seal_group(g, g.seal_requested)
+            self.seal_group(g, g.seal_requested)
 
     def _marked_unfinished(self, g: GroupState) -> bool:
         """NeMo: while ``<group>-unfinished`` exists the framework itself says the save is not done,
         so an inner marker (DCP's ``.metadata``, followed by ``metadata.json``) does not seal."""
         suffix = self._rule_of(g).unfinished_suffix
-        return bool(suffix) and self._lexists(g.path + suffix)
+        return bool(suffix) and self.lexists(g.path + suffix)
 
-    def _seal_named_by_pointer(self, pointer_path: str, content: bytes) -> None:
+    def seal_named_by_pointer(self, pointer_path: str, content: bytes) -> None:
         """G6: seal the open group(s) a pointer names before the pointer is committed."""
         d, base = parent_and_base(pointer_path)
         for name in self.rules.pointer_target(base, content):
             gp = f"{d}/{name}" if d else name
-            self._seal_before_reference(gp, f"pointer {pointer_path}", pointer_path)
+            self.seal_before_reference(gp, f"pointer {pointer_path}", pointer_path)
 
-    def _seal_before_reference(self, target: str, event: str, referrer: str) -> None:
-        g = self._live_group(target) or self._group_of(target)
+    def seal_before_reference(self, target: str, event: str, referrer: str) -> None:
+        g = self.live_group(target) or self.group_of(target)
         if g is None or g.state != OPEN:
             return
-        if not self._seal_group(g, event):
+        if not self.seal_group(g, event):
             g.seal_requested = ""
             raise _err(errno.EIO, f"ckptfs: {referrer} names group {g.path}, which still has files being "
                                   f"written ({', '.join(self._busy(g)[:3])}); the pointer is not committed "
                                   "before the group is complete")
 
-    def _is_pointer(self, path: str) -> bool:
+    def is_pointer(self, path: str) -> bool:
         return os.path.basename(path) in self.rules.pointer_names()
 
     def seal(self, path: str, pid: int = 0) -> GroupState:
         """Explicit seal (``ckptfs seal`` / ``user.ckptfs.seal``): any directory becomes a sealed group."""
-        path = self.norm(path)
+        path = path.strip("/")
         st = self.store.lstat(path)
         if not stat.S_ISDIR(st.st_mode):
             raise _err(errno.ENOTDIR, f"ckptfs: {path} is not a directory")
-        self._barrier()
+        self.barrier()
         with self.commit_lock:
-            g = self._live_group(path)
+            g = self.live_group(path)
             if g is None:
-                if self._group_of(path) is not None:
-                    raise _err(errno.EINVAL, f"ckptfs: {path} is inside group {self._group_of(path).path}")
+                if self.group_of(path) is not None:
+                    raise _err(errno.EINVAL, f"ckptfs: {path} is inside group {self.group_of(path).path}")
                 g = self._open_group(path, self.rules.dir_rule(os.path.basename(path)) or EXPLICIT, pid)
-            if not self._seal_group(g, "explicit seal", pid):
+            if not self.seal_group(g, "explicit seal", pid):
                 g.seal_requested = "explicit seal"  # seals when the open files close
             return g
 
@@ -476,7 +516,7 @@ class GroupOps:
                 return s.marker
         return ""
 
-    def _check_torn(self, g: GroupState) -> bool:
+    def check_torn(self, g: GroupState) -> bool:
         """Quarantine g if it can never complete (G7).  Torn needs evidence of an interrupted write:
         a writer killed in it, a refused incomplete file, or, once every writer has exited, a
         completion event that never came after checkpoint files were written.  Tentative groups
@@ -503,7 +543,7 @@ class GroupOps:
         with self.lock:
             if any(p.startswith(pre) and not v.unlinked and v.state == "open" for p, v in self.pending.items()):
                 return False  # a file is still being written
-        self._barrier()  # async: let versions closed before the kill install first (queue order)
+        self.barrier()  # async: let versions closed before the kill install first (queue order)
         with self.commit_lock:
             if g.state != OPEN or self._busy(g):
                 return False
@@ -520,7 +560,7 @@ class GroupOps:
         """g turned out to hold nothing of a checkpoint (its only files were removed, or never
         installed, with no evidence of an interruption): it stops being a group; the directory
         stays as it is."""
-        self._barrier()
+        self.barrier()
         with self.commit_lock:
             if g.state != OPEN or self.groups.get(g.path) is not g or self._busy(g):
                 return
@@ -585,8 +625,8 @@ class GroupOps:
         self.events.emit(events.QUARANTINED, g.path, dst=to, reason=reason)
         log.warning("group %s is %s (%s); moved to %s", g.path, state, reason, to)
 
-    def _group_writer_killed(self, path: str, why: str) -> None:
-        g = self._group_of(path)
+    def writer_killed(self, path: str, why: str) -> None:
+        g = self.group_of(path)
         if g is not None and g.state == OPEN:
             g.reason = f"writer killed: {why}"
 
@@ -594,20 +634,20 @@ class GroupOps:
         """A committed file failed verification (integrity.py).  Never blocks: the sealed group holding
         it is marked and quarantined by the next sweep (listing its parent, looking it up, or the
         housekeeper within a second), so resume logic falls back to the newest good group."""
-        g = self._group_of(path)
+        g = self.group_of(path)
         if g is not None and g.state == SEALED and not g.corrupt:
             g.corrupt = f"{path[len(g.path) + 1:]}: {detail}"
             log.error("group %s is corrupt (%s); it will be quarantined", g.path, g.corrupt)
 
-    def _quarantine_corrupt(self, g: GroupState) -> bool:
-        self._barrier()
+    def quarantine_corrupt(self, g: GroupState) -> bool:
+        self.barrier()
         with self.commit_lock:
             if g.state != SEALED or self.groups.get(g.path) is not g:
                 return False
             self._quarantine(g, CORRUPT, f"file failed verification: {g.corrupt}")
         return True
 
-    def _sweep_children(self, d: str) -> None:
+    def sweep_children(self, d: str) -> None:
         """Before listing ``d``: quarantine torn/corrupt groups and settle abandoned deletions in it."""
         pre = d + "/" if d else ""
         with self.lock:
@@ -616,16 +656,16 @@ class GroupOps:
                   and "/" not in g.path[len(pre):]]:
             if g.state == SEALED:
                 if g.corrupt:
-                    self._quarantine_corrupt(g)
+                    self.quarantine_corrupt(g)
             elif g.state == OPEN:
-                self._check_torn(g)
+                self.check_torn(g)
             else:
                 self._check_abandoned_delete(g)
 
     def _check_abandoned_delete(self, g: GroupState) -> None:
         if not g.pids or any(procinfo.is_alive(p) for p in g.pids) or not self.store.exists(g.path):
             return
-        self._barrier()
+        self.barrier()
         with self.commit_lock:
             if g.state == TRASHED and self.groups.get(g.path) is g:
                 self._settle_deleting(g)
@@ -636,9 +676,9 @@ class GroupOps:
         for g in [g for g in self.groups.values() if g.state == TRASHED]:
             self._check_abandoned_delete(g)
         for g in [g for g in self.groups.values() if g.state == SEALED and g.corrupt]:
-            self._quarantine_corrupt(g)
+            self.quarantine_corrupt(g)
         for g in [g for g in self.groups.values() if g.state == OPEN]:
-            if self._check_torn(g) or g.tentative:
+            if self.check_torn(g) or g.tentative:
                 continue
             rule = self._rule_of(g)
             idle = now - (g.last_activity or g.created_at)
@@ -646,7 +686,7 @@ class GroupOps:
                     and not self._expects_marker(g)):
                 with self.commit_lock:
                     if g.state == OPEN:
-                        self._seal_group(g, f"idle for {idle:.0f}s")
+                        self.seal_group(g, f"idle for {idle:.0f}s")
 
     def settle_open_groups(self) -> None:
         """At unmount nothing can complete an open group any more: seal those whose rule allows
@@ -658,10 +698,10 @@ class GroupOps:
                 self.journal.append({"op": "group_forget", "path": g.path}, sync=False)
                 del self.groups[g.path]  # no checkpoint file came: an ordinary directory
             elif g.late and not interrupted:
-                self._seal_group(g, "unmount (files added after the seal)")
+                self.seal_group(g, "unmount (files added after the seal)")
             elif (self._rule_of(g).idle_seal and not interrupted and self._has_files(g)
                   and not self._expects_marker(g)):
-                self._seal_group(g, "unmount (idle)")
+                self.seal_group(g, "unmount (idle)")
             elif not interrupted and not self._has_files(g) and not g.manifest_blake3:
                 self.journal.append({"op": "group_forget", "path": g.path}, sync=False)
                 del self.groups[g.path]  # nothing of a checkpoint in it: an ordinary directory
@@ -673,7 +713,7 @@ class GroupOps:
         d = parent(g.path)
         return any(s.state == OPEN and s is not g and parent(s.path) == d for s in self.groups.values())
 
-    def _deleting_group(self, path: str) -> GroupState | None:
+    def deleting_group(self, path: str) -> GroupState | None:
         """The sealed (or already being deleted) group that ``path`` belongs to: its deletion goes
         through the group's trash (G9)."""
         parts = path.split("/")
@@ -689,7 +729,7 @@ class GroupOps:
                 return None
         return None
 
-    def _defer_delete(self, g: GroupState, path: str, pid: int = 0) -> None:
+    def defer_delete(self, g: GroupState, path: str, pid: int = 0) -> None:
         """Move ``path`` (a file in sealed group g) into g's trash instead of deleting it.
 
         The first deletion inside a sealed group starts the deletion of the whole group: a
@@ -711,7 +751,7 @@ class GroupOps:
         for d in reversed(missing):
             self.store.mkdir(d, 0o700)
             self.store.fsync_dir(parent(d))
-        self._ns_op({"op": "rename", "src": path, "dst": dst}, lambda: self.store.rename(path, dst),
+        self.ns_op({"op": "rename", "src": path, "dst": dst}, lambda: self.store.rename(path, dst),
                     [parent(path), parent(dst)])
         with self.lock:
             move_prefix(self.records, path, dst)
@@ -723,7 +763,7 @@ class GroupOps:
         return any(s.state == SEALED and parent(s.path) == d
                    and (s.step if s.step is not None else -1, s.sealed_at) > key for s in self.groups.values())
 
-    def _deletion_done(self, path: str) -> None:
+    def deletion_done(self, path: str) -> None:
         """rmdir of a group being deleted (commit_lock held): purge now unless a newer sibling is open."""
         g = self.groups.get(path)
         if g is not None and g.state == TRASHED and not self._newer_open_sibling(g):
@@ -809,7 +849,7 @@ class GroupOps:
 
     def gc(self) -> dict[str, int]:
         """Delete quarantined (torn/corrupt) groups and retired debris."""
-        self._barrier()
+        self.barrier()
         removed = 0
         with self.commit_lock:
             for g in [g for g in self.groups.values() if g.state in (TORN, CORRUPT)]:
@@ -829,36 +869,36 @@ class GroupOps:
                     for name in self.store.listdir(top):
                         if f"{top}/{name}" not in live:
                             rmtree(self.store, f"{top}/{name}")
-            self.journal.compact(self.records, list(self.aborts), self._groups_json())
+            self.journal.compact(self.records, list(self.aborts), self.to_json())
         self.stats["groups_gc"] += removed
         return {"groups_removed": removed}
 
     # ------------------------------------------------------------ namespace
-    def _groups_renamed(self, old: str, new: str) -> None:
+    def renamed(self, old: str, new: str) -> None:
         """Groups at or under ``old`` now live under ``new`` (ids, and so COMMITs, are unchanged)."""
         from .recovery import apply_group_entry
         with self.lock:
             apply_group_entry({}, self.groups, {"op": "rename", "src": old, "dst": new})
 
-    def _after_rename(self, old: str, new: str, is_dir: bool, pid: int) -> None:
+    def after_rename(self, old: str, new: str, is_dir: bool, pid: int) -> None:
         """Completion events carried by a rename (commit_lock held)."""
         if is_dir:
-            g = self._live_group(new)
-            if g is None and self._group_of(new) is None:
+            g = self.live_group(new)
+            if g is None and self.group_of(new) is None:
                 rule = self.rules.dir_rule(os.path.basename(new))
-                if rule is None or not self._groupable(new) or not self._renamed_checkpoint(old, new, rule):
+                if rule is None or not self.groupable(new) or not self._renamed_checkpoint(old, new, rule):
                     return
                 g = self._open_group(new, rule, pid)  # Orbax: a step directory renamed into place
             if g is not None and g.state == OPEN:
-                self._seal_group(g, f"renamed into place from {old}", pid)
+                self.seal_group(g, f"renamed into place from {old}", pid)
             return
-        g = self._group_of(new)
+        g = self.group_of(new)
         if g is not None and g.state == OPEN:
             d, base = parent_and_base(new)
             if d == g.path and base in self._rule_of(g).markers and not self._marked_unfinished(g):
-                self._seal_group(g, f"marker {base} renamed into place", pid)  # DCP's .metadata
+                self.seal_group(g, f"marker {base} renamed into place", pid)  # DCP's .metadata
             elif g.seal_requested:
-                self._seal_group(g, g.seal_requested)
+                self.seal_group(g, g.seal_requested)
 
     def _renamed_checkpoint(self, old: str, new: str, rule: Rule) -> bool:
         """Evidence that a directory renamed to ``new`` is a finished checkpoint: it comes from a
@@ -871,7 +911,7 @@ class GroupOps:
         except OSError:
             return False
 
-    def _forget_group_dir(self, path: str) -> None:
+    def forget_dir(self, path: str) -> None:
         """A group directory was removed (its rmdir is journaled): drop its state and seal files."""
         with self.lock:
             g = self.groups.get(path)
@@ -884,7 +924,7 @@ class GroupOps:
             log.warning("could not remove seal files of deleted group %s: %s", path, e)
 
     # ------------------------------------------------------------- reporting
-    def _groups_json(self) -> dict[str, dict[str, Any]]:
+    def to_json(self) -> dict[str, dict[str, Any]]:
         return {p: g.to_json() for p, g in self.groups.items()}
 
     def group_summary(self, g: GroupState) -> dict[str, Any]:

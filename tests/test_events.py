@@ -129,7 +129,7 @@ def test_retention_quarantine_restore_and_rollback_are_announced(recorded, tmp_p
     fs.mkdir("run/checkpoint-4", 0o755)
     _write(fs, "run/checkpoint-4/model.pt", _pt(4.0))
     with fs.commit_lock:
-        fs.settle_open_groups()
+        fs.grp.settle_open_groups()
     assert kinds(seen, "run/checkpoint-3")[-1] == events.ROLLED_BACK
     assert kinds(seen, "run/checkpoint-4")[-1] == events.QUARANTINED
     assert torch.load(tmp_path / "run/checkpoint-3/model.pt")["w"][0].item() == 3.0  # the sealed save
