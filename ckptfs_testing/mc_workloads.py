@@ -1,7 +1,7 @@
 """Workloads and known-bad protocol variants for the power-loss model checker.
 
-A :class:`~ckptfs.modelcheck.Workload` is a function driving CkptFS through a
-:class:`~ckptfs.modelcheck.Driver` plus a list of invariants on the recovered
+A :class:`~ckptfs_testing.modelcheck.Workload` is a function driving CkptFS through a
+:class:`~ckptfs_testing.modelcheck.Driver` plus a list of invariants on the recovered
 visible tree.  New workloads (e.g. checkpoint groups with manifest + COMMIT,
 issue 3) plug in by adding a builder to :data:`WORKLOADS` and, where needed,
 an invariant such as :func:`group_whole`.
@@ -26,10 +26,10 @@ from collections.abc import Callable
 
 import blake3
 
-from . import fs as fsmod
-from .fs import CkptFS
-from .modelcheck import Driver, Invariant, Workload
-from .recovery import parent
+from ckptfs import fs as fsmod
+from ckptfs.fs import CkptFS
+from ckptfs.recovery import parent
+from ckptfs_testing.modelcheck import Driver, Invariant, Workload
 
 SHARDS = 3
 
