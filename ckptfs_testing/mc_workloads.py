@@ -26,7 +26,6 @@ from collections.abc import Callable
 
 import blake3
 
-from ckptfs import fs as fsmod
 from ckptfs.fs import CkptFS
 from ckptfs.recovery import parent
 from ckptfs_testing.modelcheck import Driver, Invariant, Workload
@@ -193,24 +192,19 @@ def pointer_rotation(mode: str = "sync", steps: int = 4, compact_every: int = 12
     shard_data = {(i, k): torch_bytes(1000 + 10 * i + k) for i in range(steps) for k in range(SHARDS)}
 
     def run(d: Driver) -> None:
-        old = fsmod.COMPACT_EVERY
-        fsmod.COMPACT_EVERY = compact_every
-        try:
-            d.mkdir("shards")
-            for i in range(steps):
+        d.mkdir("shards")
+        for i in range(steps):
+            for k in range(SHARDS):
+                d.save(f"shards/s_{i}_{k}.pt", shard_data[(i, k)])
+            d.save("latest.tmp", str(i).encode())
+            d.rename("latest.tmp", "latest")
+            if i >= 2:
                 for k in range(SHARDS):
-                    d.save(f"shards/s_{i}_{k}.pt", shard_data[(i, k)])
-                d.save("latest.tmp", str(i).encode())
-                d.rename("latest.tmp", "latest")
-                if i >= 2:
-                    for k in range(SHARDS):
-                        d.unlink(f"shards/s_{i - 2}_{k}.pt")
-                d.fsyncdir()
-        finally:
-            fsmod.COMPACT_EVERY = old
+                    d.unlink(f"shards/s_{i - 2}_{k}.pt")
+            d.fsyncdir()
 
     name = "pointer_rotation" if mode == "sync" else "async_pointer_rotation"
-    return Workload(name, mode, run, [pointer_valid(shard_data)])
+    return Workload(name, mode, run, [pointer_valid(shard_data)], fs_kwargs={"compact_every": compact_every})
 
 
 def workloads(scale: str = "bounded") -> list[Workload]:

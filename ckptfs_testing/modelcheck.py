@@ -701,6 +701,7 @@ class Workload:
     run: Callable[[Driver], None]
     invariants: list[Invariant] = field(default_factory=list)
     fs_factory: Callable[..., Any] | None = None  # a CkptFS (sub)class; None: the real one
+    fs_kwargs: dict[str, Any] = field(default_factory=dict)  # extra CkptFS keywords (e.g. compact_every)
 
 
 class Driver:
@@ -849,7 +850,7 @@ def record_workload(w: Workload, scratch: str) -> tuple[list[tuple], AppOps]:
     rec = RecordingStore(os_store)
     factory = w.fs_factory or fsmod.CkptFS
     try:
-        fs = factory(rec, commit_mode=w.mode)
+        fs = factory(rec, commit_mode=w.mode, **w.fs_kwargs)
         rec.mark("start", 0)
         drv = Driver(fs, rec)
         try:
