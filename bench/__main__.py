@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from .common import CKPTFS, MODES, ROOT, Daemon, fsync_path
+from .common import CKPTFS, MODES, ROOT, Mount, daemon, fsync_path
 from .report import write_markdown
 from .workloads import raw_disk, stream_write, w1, w2, w3, w4, w5, w5_prepare
 
@@ -64,10 +64,10 @@ def run(a: argparse.Namespace, base: Path) -> dict:
         w5_prepare(base / m / "w5")  # natively, before the mounts cover it
     res["raw_disk"] = raw_disk(base, a.size_mib)
     print("raw disk", res["raw_disk"], flush=True)
-    daemons: dict[str, Daemon] = {}
+    daemons: dict[str, Mount] = {}
     try:
         for m in CKPTFS:
-            daemons[m] = Daemon(base / m, m.split("-")[1])
+            daemons[m] = daemon(base / m, m.split("-")[1])
         sd = {"w": torch.randn((a.size_mib << 20) // 4 // 8, 8)}
         buf = memoryview(sd["w"].numpy()).cast("B")
         for rep in range(a.reps):

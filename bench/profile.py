@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from .common import Daemon
+from .common import daemon
 from .workloads import w1, w2
 
 IDLE = ("Condition.wait", "FUSE.__init__")
@@ -51,7 +51,7 @@ def main() -> None:
     ap.add_argument("--dir", default=None)
     a = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="ckptfs-prof-", dir=a.dir))
-    dm = Daemon(base, a.commit)
+    dm = daemon(base, a.commit)
     try:
         sd = {"w": torch.randn((1024 << 20) // 32, 8)} if a.workload == "w2" else {}
         spy = subprocess.Popen(["py-spy", "record", "--pid", str(dm.pid), "-f", "raw", "-o", a.out, "-r", "200",

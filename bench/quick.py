@@ -13,7 +13,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from .common import Daemon
+from .common import daemon
 from .workloads import w1, w5, w5_prepare
 
 
@@ -24,7 +24,7 @@ def _q(xs: list[float], p: float) -> float:
 def check_w1(base: Path, groups: int, reps: int) -> None:
     (base / "native").mkdir()
     (base / "ckptfs").mkdir()
-    dm = Daemon(base / "ckptfs", "sync")
+    dm = daemon(base / "ckptfs", "sync")
     lat: dict[str, list[float]] = {"atomic_dirsync": [], "ckptfs-sync": []}
     try:
         for rep in range(reps):
@@ -48,7 +48,7 @@ def check_w5(base: Path, rounds: int) -> None:
     for m in ("native", "ckptfs"):
         (base / m).mkdir()
         w5_prepare(base / m / "w5")  # natively, before the mount covers it (as in python -m bench)
-    dm = Daemon(base / "ckptfs", "sync")
+    dm = daemon(base / "ckptfs", "sync")
     try:
         res = {"native": w5(base / "native" / "w5", rounds), "ckptfs-sync": w5(base / "ckptfs" / "w5", rounds)}
     finally:

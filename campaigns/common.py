@@ -1,7 +1,7 @@
 """Shared machinery: fork-server client, real mounts, Wilson intervals, output.
 
-Mounts come from ``tests/conftest.py`` (``Mount``: a foreground daemon started
-and stopped by PID), so tests and scripts share one implementation.
+Mounts come from ``ckptfs_testing.mount`` (``Mount``: a foreground daemon started
+and stopped by PID), so tests, campaigns and the benchmark share one implementation.
 """
 
 from __future__ import annotations
@@ -21,11 +21,14 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = ROOT / "tests" / "workloads"
-for _p in (ROOT, ROOT / "tests", WORKLOADS):
+for _p in (ROOT, WORKLOADS):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from conftest import LineServer, Mount, _env, fusermount  # noqa: E402
+from ckptfs_testing.lineserver import LineServer  # noqa: E402
+from ckptfs_testing.mount import Mount, child_env, fusermount  # noqa: E402
+
+_env = child_env  # the name the campaigns use
 
 __all__ = ["ROOT", "WORKLOADS", "Mount", "_env", "fusermount", "ForkServer", "wilson", "machine", "dump",
            "killed_by", "no_fuse_mounts_under", "workload",

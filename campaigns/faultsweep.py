@@ -19,8 +19,8 @@ from pathlib import Path
 
 from ckptfs import META_DIR
 from ckptfs.backing import OsBackingStore
-from ckptfs.faults import FaultyStore
 from ckptfs.fs import CkptFS
+from ckptfs_testing.faults import FaultyStore
 
 OLD = b"old-version " * 5000
 NEW = b"NEW-VERSION! " * 9000

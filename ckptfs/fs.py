@@ -43,7 +43,7 @@ from .groups import COMMITTED_VIEW, CORRUPT, OPEN, SEALED, GroupState, SealError
 from .hashing import digest_fd
 from .inodes import InodeMap
 from .integrity import CONTROL_XATTR, Integrity
-from .journal import STAGING, Journal
+from .journal import COMPACT_EVERY, STAGING, Journal
 from .layout import move_prefix, parent
 from .records import FileRecord
 from .recovery import recover
@@ -57,7 +57,6 @@ XATTR_PREFIX = "user.ckptfs."
 XATTR_VALUE_MAX = 60000  # Linux caps an xattr value at 64 KiB
 CONTROL_SEAL = "user.ckptfs.seal"  # setfattr on a directory: seal it as a group now
 CONTROL_GC = "user.ckptfs.gc"  # setfattr on the root: delete quarantined groups
-COMPACT_EVERY = int(os.environ.get("CKPTFS_COMPACT_EVERY", "4096"))
 WRITEBACK_WINDOW = 8 << 20  # staged data is pushed to disk in windows of this size while written
 
 
@@ -113,6 +112,7 @@ class CkptFS:
         keep_generations: int = 1,
         scrub_interval: float = 0.0,
         scrub_rate_mb: float = 64.0,
+        compact_every: int = COMPACT_EVERY,
     ) -> None:
         if commit_mode not in ("sync", "async"):
             raise ValueError("commit_mode must be 'sync' or 'async'")
@@ -123,7 +123,7 @@ class CkptFS:
         self.backing_label = backing_label
         self.lock = threading.RLock()
         self.commit_lock = threading.RLock()
-        self.journal = Journal(store)
+        self.journal = Journal(store, compact_every=compact_every)
         self.recovery = recover(store, self.journal)
         self.records: dict[str, FileRecord] = self.recovery.files
         self.groups = self.recovery.groups
@@ -826,7 +826,7 @@ class CkptFS:
         return self._take_fd(v)
 
     def _maybe_compact(self) -> None:
-        if self.journal.entries_since_snapshot >= COMPACT_EVERY:
+        if self.journal.entries_since_snapshot >= self.journal.compact_every:
             self.journal.compact(self.records, list(self.aborts), self.grp.to_json())
 
     def _commit(self, v: Version, caller: Caller, wait: bool, at_fsync: bool = False) -> bool:

@@ -37,6 +37,8 @@ from .records import FileRecord
 FORMAT = 1
 _HDR = struct.Struct("<II")
 MAX_FRAME = 1 << 30
+# default for Journal(compact_every=): the owner compacts once this many entries follow the snapshot
+COMPACT_EVERY = int(os.environ.get("CKPTFS_COMPACT_EVERY", "4096"))
 
 
 class CorruptMetadata(Exception):
@@ -99,8 +101,9 @@ class Journal:
     respect to each other; ordering of intents vs. operations is the caller's
     job (the filesystem's commit lock)."""
 
-    def __init__(self, store: BackingStore) -> None:
+    def __init__(self, store: BackingStore, compact_every: int = COMPACT_EVERY) -> None:
         self.store = store
+        self.compact_every = compact_every  # entries after the snapshot that make a compaction due
         self.epoch = 0
         self.fd: int | None = None
         self.size = 0

@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from ckptfs.backing import OsBackingStore
-from ckptfs.faults import FaultyStore  # (moves to ckptfs_testing)
 from ckptfs.fs import CkptFS
 from ckptfs.layout import TRASH
+from ckptfs_testing.faults import FaultyStore
 
 
 def _write(fs: CkptFS, path: str, data: bytes, pid: int = 0) -> None:

@@ -22,9 +22,9 @@ from conftest import Mount, _env
 from ckptfs import events
 from ckptfs.backing import OsBackingStore
 from ckptfs.events import Event
-from ckptfs.faults import FaultyStore  # (moves to ckptfs_testing)
 from ckptfs.fs import Caller, CkptFS
 from ckptfs.rules import RuleSet
+from ckptfs_testing.faults import FaultyStore
 
 
 def _pt(x: float) -> bytes:

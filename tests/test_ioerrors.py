@@ -29,8 +29,8 @@ from conftest import Mount, run_py
 from campaigns.faultsweep import read, save  # the same direct CkptFS helpers as the sweep
 from ckptfs import META_DIR
 from ckptfs.backing import OsBackingStore
-from ckptfs.faults import FaultyStore
 from ckptfs.fs import CkptFS
+from ckptfs_testing.faults import FaultyStore
 
 SHARDS = [f"step/shard_{i}.bin" for i in range(4)]  # not a group layout: file-level semantics (groups: test_groups)
 META = "step/manifest.json"

@@ -29,14 +29,14 @@ import pytest
 from conftest import ROOT, _env, fusermount, run_py
 
 from ckptfs import META_DIR
-from ckptfs import mc_workloads as W
-from ckptfs import modelcheck as mc
 from ckptfs.backing import OsBackingStore
 from ckptfs.cli import is_ckptfs_mount
-from ckptfs.faults import FaultyStore
 from ckptfs.fs import CkptFS
 from ckptfs.journal import SNAPSHOT
 from ckptfs.recovery import recover
+from ckptfs_testing import mc_workloads as W
+from ckptfs_testing import modelcheck as mc
+from ckptfs_testing.faults import FaultyStore
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ import pytest
 from conftest import Mount, _env
 
 from ckptfs.backing import OsBackingStore
-from ckptfs.faults import FaultyStore
 from ckptfs.fs import CkptFS
+from ckptfs_testing.faults import FaultyStore
 
 HOLD_OPEN = r"""
 import os, sys, time

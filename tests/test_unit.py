@@ -175,6 +175,31 @@ def test_unlink_and_rename_of_open_file(tmp_path) -> None:
     fs.shutdown()
 
 
+def test_compact_every_is_a_constructor_parameter(tmp_path) -> None:
+    """The compaction threshold is passed to CkptFS (and on to its Journal), not patched as a global."""
+    def commits(fs: CkptFS, n: int) -> None:
+        for i in range(n):
+            fh = fs.create(f"f{i}", 0o644)
+            fs.write(fh, b"x", 0)
+            fs.flush(fh)
+            fs.release(fh)
+
+    (tmp_path / "a").mkdir()
+    fs = CkptFS(OsBackingStore(str(tmp_path / "a")), compact_every=2)
+    assert fs.journal.compact_every == 2
+    epoch = fs.journal.epoch
+    commits(fs, 3)
+    assert fs.journal.epoch > epoch and fs.journal.entries_since_snapshot < 2
+    fs.shutdown()
+    (tmp_path / "b").mkdir()
+    fs = CkptFS(OsBackingStore(str(tmp_path / "b")))  # the default: no compaction after a few commits
+    assert fs.journal.compact_every == int(os.environ.get("CKPTFS_COMPACT_EVERY", "4096"))
+    epoch = fs.journal.epoch
+    commits(fs, 3)
+    assert fs.journal.epoch == epoch and fs.journal.entries_since_snapshot >= 3
+    fs.shutdown()
+
+
 def test_recovery_drops_inflight_install_whose_directory_is_gone(tmp_path) -> None:
     """Model-checker finding (weak model, crash during recovery): a torn group was moved to
     quarantine, but the power loss undid recovery's rename of its in-flight file, so the staged

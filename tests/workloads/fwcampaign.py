@@ -34,10 +34,13 @@ from typing import Any
 
 WL = Path(__file__).resolve().parent
 sys.path.insert(0, str(WL))
-sys.path.insert(0, str(WL.parent))
+sys.path.insert(0, str(WL.parent.parent))
 
 import fwlib  # noqa: E402
-from conftest import LineServer, Mount, _env  # noqa: E402
+
+from ckptfs_testing.lineserver import LineServer  # noqa: E402
+from ckptfs_testing.mount import Mount  # noqa: E402
+from ckptfs_testing.mount import child_env as _env  # noqa: E402
 
 STATUS = "user.ckptfs.status"
 

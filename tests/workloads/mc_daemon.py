@@ -20,7 +20,7 @@ from typing import Any
 from ckptfs.backing import OsBackingStore
 from ckptfs.fs import CkptFS
 from ckptfs.fuse_adapter import serve
-from ckptfs.modelcheck import RecordingStore
+from ckptfs_testing.modelcheck import RecordingStore
 
 
 class MarkingStore(RecordingStore):

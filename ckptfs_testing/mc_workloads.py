@@ -1,7 +1,7 @@
 """Workloads and known-bad protocol variants for the power-loss model checker.
 
-A :class:`~ckptfs.modelcheck.Workload` is a function driving CkptFS through a
-:class:`~ckptfs.modelcheck.Driver` plus a list of invariants on the recovered
+A :class:`~ckptfs_testing.modelcheck.Workload` is a function driving CkptFS through a
+:class:`~ckptfs_testing.modelcheck.Driver` plus a list of invariants on the recovered
 visible tree.  New workloads (e.g. checkpoint groups with manifest + COMMIT,
 issue 3) plug in by adding a builder to :data:`WORKLOADS` and, where needed,
 an invariant such as :func:`group_whole`.
@@ -26,10 +26,9 @@ from collections.abc import Callable
 
 import blake3
 
-from . import fs as fsmod
-from .fs import CkptFS
-from .modelcheck import Driver, Invariant, Workload
-from .recovery import parent
+from ckptfs.fs import CkptFS
+from ckptfs.recovery import parent
+from ckptfs_testing.modelcheck import Driver, Invariant, Workload
 
 SHARDS = 3
 
@@ -193,24 +192,19 @@ def pointer_rotation(mode: str = "sync", steps: int = 4, compact_every: int = 12
     shard_data = {(i, k): torch_bytes(1000 + 10 * i + k) for i in range(steps) for k in range(SHARDS)}
 
     def run(d: Driver) -> None:
-        old = fsmod.COMPACT_EVERY
-        fsmod.COMPACT_EVERY = compact_every
-        try:
-            d.mkdir("shards")
-            for i in range(steps):
+        d.mkdir("shards")
+        for i in range(steps):
+            for k in range(SHARDS):
+                d.save(f"shards/s_{i}_{k}.pt", shard_data[(i, k)])
+            d.save("latest.tmp", str(i).encode())
+            d.rename("latest.tmp", "latest")
+            if i >= 2:
                 for k in range(SHARDS):
-                    d.save(f"shards/s_{i}_{k}.pt", shard_data[(i, k)])
-                d.save("latest.tmp", str(i).encode())
-                d.rename("latest.tmp", "latest")
-                if i >= 2:
-                    for k in range(SHARDS):
-                        d.unlink(f"shards/s_{i - 2}_{k}.pt")
-                d.fsyncdir()
-        finally:
-            fsmod.COMPACT_EVERY = old
+                    d.unlink(f"shards/s_{i - 2}_{k}.pt")
+            d.fsyncdir()
 
     name = "pointer_rotation" if mode == "sync" else "async_pointer_rotation"
-    return Workload(name, mode, run, [pointer_valid(shard_data)])
+    return Workload(name, mode, run, [pointer_valid(shard_data)], fs_kwargs={"compact_every": compact_every})
 
 
 def workloads(scale: str = "bounded") -> list[Workload]:

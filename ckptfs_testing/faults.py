@@ -12,7 +12,7 @@ import errno
 import os
 from typing import Any
 
-from .backing import BackingStore
+from ckptfs.backing import BackingStore
 
 #: operations that change or persist backing state (where an error matters)
 MUTATING = ("open", "pwrite", "ftruncate", "fsync", "fdatasync", "copy_range", "mkdir", "rmdir",

@@ -88,9 +88,9 @@ from typing import Any
 
 import blake3
 
-from . import META_DIR
-from .backing import BackingStore, OsBackingStore
-from .journal import STAGING, Journal
+from ckptfs import META_DIR
+from ckptfs.backing import BackingStore, OsBackingStore
+from ckptfs.journal import STAGING, Journal
 
 MODELS = ("weak", "ext4")
 #: stricter-than-realistic models the full run also reports (violations expected, see docs)
@@ -701,6 +701,7 @@ class Workload:
     run: Callable[[Driver], None]
     invariants: list[Invariant] = field(default_factory=list)
     fs_factory: Callable[..., Any] | None = None  # a CkptFS (sub)class; None: the real one
+    fs_kwargs: dict[str, Any] = field(default_factory=dict)  # extra CkptFS keywords (e.g. compact_every)
 
 
 class Driver:
@@ -791,7 +792,7 @@ class ModelResult:
 
 def recover_dir(root: str, inomap: dict[int, int], recorder: RecordingStore | None = None) -> list[str]:
     """Run ckptfs recovery on ``root``; return problems (empty if it succeeded)."""
-    from .recovery import recover
+    from ckptfs.recovery import recover
 
     os_store = OsBackingStore(root)
     store: Any = InoMapStore(os_store, inomap)
@@ -839,7 +840,7 @@ def inspect(root: str, inomap: dict[int, int]) -> tuple[dict[str, tuple], dict[s
 
 def record_workload(w: Workload, scratch: str) -> tuple[list[tuple], AppOps]:
     """Run ``w`` on an empty directory over a RecordingStore; check the simulator."""
-    from . import fs as fsmod
+    from ckptfs import fs as fsmod
 
     root = os.path.join(scratch, "rec")
     if os.path.exists(root):
@@ -849,7 +850,7 @@ def record_workload(w: Workload, scratch: str) -> tuple[list[tuple], AppOps]:
     rec = RecordingStore(os_store)
     factory = w.fs_factory or fsmod.CkptFS
     try:
-        fs = factory(rec, commit_mode=w.mode)
+        fs = factory(rec, commit_mode=w.mode, **w.fs_kwargs)
         rec.mark("start", 0)
         drv = Driver(fs, rec)
         try:
@@ -1006,7 +1007,7 @@ def _crash_recovery(sim: Sim, cs: CrashState, work: str, model: str, rng: random
 
 def _group_markers(tree: dict[str, tuple]) -> dict[str, set[str]]:
     """Checkpoint groups (rules.py) in ``tree``: directory -> its completion marker names."""
-    from .rules import RuleSet
+    from ckptfs.rules import RuleSet
 
     rules = RuleSet()
     out: dict[str, set[str]] = {}
@@ -1026,7 +1027,7 @@ def _group_markers(tree: dict[str, tuple]) -> dict[str, set[str]]:
 def _has_evidence(tree: dict[str, tuple], d: str) -> bool:
     """Whether d's files in ``tree`` are evidence of a checkpoint (rules.py: a group opens only on
     evidence; a directory without any is an ordinary directory, issue 10)."""
-    from .rules import RuleSet
+    from ckptfs.rules import RuleSet
 
     rules = RuleSet()
     pre = d + "/"
