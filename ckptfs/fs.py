@@ -21,7 +21,6 @@ I5  Lock order: ``commit_lock`` before ``lock``; never block on disk while
 from __future__ import annotations
 
 import collections
-import dataclasses
 import errno
 import json
 import logging
@@ -29,18 +28,18 @@ import os
 import re
 import stat
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import META_DIR, __version__, crashpoints, events, exits, formats, procinfo
+from . import META_DIR, __version__, events, exits, procinfo
 from .backing import BackingStore
+from .engine.commit import CommitEngine
+from .engine.staged import Handle, Version
 from .generations import Generations
 from .group_ops import GroupEngine
 from .groups import COMMITTED_VIEW, CORRUPT, OPEN, SEALED, GroupState, SealError, read_seal
-from .hashing import digest_fd
 from .inodes import InodeMap
 from .integrity import CONTROL_XATTR, Integrity
 from .journal import COMPACT_EVERY, STAGING, Journal
@@ -48,7 +47,6 @@ from .layout import move_prefix, parent
 from .records import FileRecord
 from .recovery import recover
 from .rules import RuleSet
-from .versions import Handle, Version
 
 log = logging.getLogger("ckptfs")
 
@@ -95,7 +93,10 @@ def reserved(path: str) -> bool:
 
 
 class CkptFS:
-    """Crash-consistent checkpoint filesystem over a BackingStore."""
+    """Crash-consistent checkpoint filesystem over a BackingStore: the facade (path checks and
+    dispatch to the engine: engine/commit.py, group_ops.py, integrity.py)."""
+
+    commit_engine: type[CommitEngine] = CommitEngine  # (the model checker's known-bad variants subclass it)
 
     def __init__(
         self,
@@ -114,15 +115,12 @@ class CkptFS:
         scrub_rate_mb: float = 64.0,
         compact_every: int = COMPACT_EVERY,
     ) -> None:
-        if commit_mode not in ("sync", "async"):
-            raise ValueError("commit_mode must be 'sync' or 'async'")
         self.store = store
         self.commit_mode = commit_mode
         self.rules = rules or RuleSet()
         self.check_formats = check_formats
         self.backing_label = backing_label
-        self.lock = threading.RLock()
-        self.commit_lock = threading.RLock()
+        self.lock = threading.RLock()  # the in-memory tables only (I5)
         self.journal = Journal(store, compact_every=compact_every)
         self.recovery = recover(store, self.journal)
         self.records: dict[str, FileRecord] = self.recovery.files
@@ -131,7 +129,6 @@ class CkptFS:
         self.last_abort: dict[str, str] = {}
         self.pending: dict[str, Version] = {}  # path -> version open for writing
         self.queued: dict[str, Version] = {}  # path -> newest sealed version awaiting install (async)
-        self.async_failures: list[tuple[str, OSError]] = []  # reported by the next fsyncdir
         self.handles: dict[int, Handle] = {}
         self.inodes = InodeMap()  # the st_ino the mount reports (stable across versions)
         self.hidden: dict[str, str] = {}  # libfuse's .fuse_hidden name of an open, unlinked file -> its old path
@@ -140,16 +137,25 @@ class CkptFS:
         self.events = events.Events()  # what changed, for adapters (cache invalidation) and the mirror
         self._as_root = hasattr(os, "geteuid") and os.geteuid() == 0
         self.shut_down = False
-        self.committer = _Committer(self, max_backlog, max_backlog_bytes) if commit_mode == "async" else None
         # kept previous versions (G11, --on-corrupt rollback): written by the commit path
         self.gens = Generations(store, keep_generations, self.recovery.generations)
         self.journal.extra_state = lambda: {"generations": self.gens.to_json()}
+        # the commit path (engine/commit.py): seal, install, namespace ops, the async committer
+        self.commit = self.commit_engine(
+            store=store, journal=self.journal, records=self.records, pending=self.pending, queued=self.queued,
+            aborts=self.aborts, last_abort=self.last_abort, stats=self.stats, lock=self.lock, gens=self.gens,
+            inodes=self.inodes, events_hub=self.events, keep_plan=lambda p, prev: self.integrity.keep_plan(p, prev),
+            check_formats=check_formats, commit_mode=commit_mode, max_backlog=max_backlog,
+            max_backlog_bytes=max_backlog_bytes)
+        self.commit_lock = self.commit.commit_lock
+        self.committer = self.commit.committer
         self.grp = GroupEngine(  # checkpoint groups (group_ops.py)
             store=store, journal=self.journal, rules=self.rules, records=self.records, groups=self.groups,
             pending=self.pending, queued=self.queued, aborts=self.aborts, lock=self.lock,
             commit_lock=self.commit_lock, stats=self.stats, gens=self.gens, events=self.events,
-            barrier=self._barrier, ns_op=self._ns_op, children_pending=self._children_pending,
+            barrier=self.commit.barrier, ns_op=self.commit.ns_op, children_pending=self._children_pending,
             lexists=self._lexists)
+        self.commit.groups = self.grp
         # verify-on-read, on demand and in the background (integrity.py)
         self.integrity = Integrity(store, self.records, self.gens, self.commit_lock, self.stats, self.grp.note_corrupt,
                                    on_corrupt=on_corrupt, scrub_interval=scrub_interval,
@@ -256,21 +262,20 @@ class CkptFS:
         if self._housekeeper is not None:
             self._housekeeper.join()
         self.integrity.stop()
-        if self.committer:
-            self.committer.stop()
+        self.commit.stop()
         with self.commit_lock, self.lock:
             for h in list(self.handles.values()):
                 if h.fd is not None:
                     self.store.close(h.fd)
             self.handles.clear()
             for v in list(self.pending.values()):
-                self._discard(v, "filesystem unmounted while file open")
+                self.commit.discard(v, "filesystem unmounted while file open")
             try:
                 self.grp.settle_open_groups()
             except OSError as e:
                 log.warning("could not settle open groups at unmount (recovery will): %s", e)
             try:
-                self.journal.compact(self.records, list(self.aborts), self.grp.to_json())
+                self.commit.compact()
             except OSError as e:
                 log.warning("final compaction failed (recovery will replay the journal): %s", e)
             self.journal.close()
@@ -499,7 +504,7 @@ class CkptFS:
                 old.unlinked = True  # superseded: never installed
             self.pending[path] = v
             v.refs = v.writers = 1
-            return self._new_fh(Handle(path=path, writable=True, version=v, append=bool(flags & os.O_APPEND)))
+            return self._new_fh(Handle(path=path, writable=True, version=v))
 
     def open(self, path: str, flags: int, caller: Caller = NOBODY) -> int:
         path = self.norm(path)
@@ -523,20 +528,20 @@ class CkptFS:
                     v.unlinked = True
                 self.pending[path] = nv
                 nv.refs = nv.writers = 1
-                return self._new_fh(Handle(path=path, writable=True, version=nv, append=bool(flags & os.O_APPEND)))
+                return self._new_fh(Handle(path=path, writable=True, version=nv))
         with self.lock:
             v = self._visible(path)
             if v is not None:
                 v.refs += 1
                 if writable:
                     v.writers += 1
-                return self._new_fh(Handle(path=path, writable=writable, version=v, append=bool(flags & os.O_APPEND)))
+                return self._new_fh(Handle(path=path, writable=writable, version=v))
         st_mode = self._stat_or_stale(path)["st_mode"]
         if stat.S_ISDIR(st_mode):
             raise _err(errno.EISDIR)
         fd, chk = self.integrity.open_committed(path, self.store.open(path, os.O_RDONLY))  # EIO if corrupt
         self.integrity.bind(fd, chk)
-        return self._new_fh(Handle(path=path, writable=writable, fd=fd, append=bool(flags & os.O_APPEND)))
+        return self._new_fh(Handle(path=path, writable=writable, fd=fd))
 
     def _existing_attrs(self, path: str) -> tuple[os.stat_result | None, int | None, bool]:
         """(stat, an fd to copy its xattrs from, whether the caller must close that fd) of the
@@ -606,7 +611,7 @@ class CkptFS:
                 if v is not None:
                     v.refs -= 1
                     v.writers -= 1
-                    old_fd = self._take_fd(v)
+                    old_fd = self.commit.take_fd(v)
                 else:
                     self.integrity.forget(h.fd)
                     old_fd, h.fd = h.fd, None
@@ -619,7 +624,7 @@ class CkptFS:
                     self.pending[h.path] = nv
                 nv.refs = nv.writers = 1
                 h.version = nv
-            self._close_quiet(old_fd)
+            self.commit.close_quiet(old_fd)
             return nv
 
     # ------------------------------------------------------------- data I/O
@@ -710,164 +715,6 @@ class CkptFS:
             pass
 
     # ------------------------------------------------------------ committing
-    def _abort(self, v: Version, reason: str) -> None:
-        entry = {"op": "abort", "path": v.path, "reason": reason, "time": time.time()}
-        log.warning("not committing %s: %s", v.path, reason)
-        self.aborts.append(entry)
-        self.last_abort[v.path] = reason
-        self.stats["aborts"] += 1
-        try:
-            self.journal.append(entry, sync=False)
-        except OSError as e:
-            log.warning("could not log abort: %s", e)
-
-    def _seal(self, v: Version, at_fsync: bool = False) -> bool:
-        """Freeze v and fill in its record; raise EIO if incomplete.  Holds v.lock.
-
-        ``at_fsync``: an incomplete file is not refused but left open (returns False): the
-        application fsyncs a file it has not finished (its close decides, once, with one error and
-        one log entry)."""
-        st = self.store.fstat(v.fd)
-        size = v.size = st.st_size
-        if self.check_formats:
-            reason = formats.check(self.store, v.fd, size, os.path.basename(v.path))
-            if reason and at_fsync:
-                return False
-            if reason:
-                self._abort(v, reason)
-                self.grp.write_refused(v.path, reason)
-                raise _err(errno.EIO, f"ckptfs: refusing to commit incomplete {v.path}: {reason}")
-        got = v.digest.finish(size)
-        if got is None:
-            self.stats["rehashes"] += 1
-            got = digest_fd(self.store, v.fd, size)
-        v.record = FileRecord(  # generation is assigned at install, in commit order
-            size=size, blake3=got[0], chunks=got[1], generation=0,
-            committed_at=time.time(), ino=st.st_ino,
-        )
-        if self.committer:
-            v.state = "queued"
-            with self.lock:
-                if self.pending.get(v.path) is v:
-                    del self.pending[v.path]
-                self.queued[v.path] = v
-        else:
-            v.state = "committing"
-        return True
-
-    def _install(self, v: Version) -> None:
-        """Make v durable and install it at v.path.  Caller holds commit_lock."""
-        if v.unlinked:
-            self._discard(v, None)
-            return
-        rec = v.record
-        assert rec is not None
-        prev = self.records.get(v.path)
-        rec = dataclasses.replace(rec, generation=prev.generation + 1 if prev else 1)
-        if self.grp.is_pointer(v.path) and rec.size <= 4096:
-            self.grp.seal_named_by_pointer(v.path, self.store.pread(v.fd, rec.size, 0))
-        self.store.fsync(v.fd)
-        crashpoints.hit("stage_synced")
-        keep = self.integrity.keep_plan(v.path, prev)  # previous generation kept (generations.py)
-        entry = {"op": "install", "path": v.path, "staging": v.staging, "rec": rec.to_json()}
-        if keep:
-            entry["keep"] = keep
-        mark = self.journal.append(entry)
-        crashpoints.hit("intent_logged")
-        try:
-            replaced = self.store.lstat(v.path)
-        except OSError:
-            replaced = None
-        try:
-            if keep:
-                self.gens.link(v.path, keep)
-            self.store.rename(v.staging, v.path)
-        except OSError:
-            if keep:
-                self.gens.unlink_quiet(keep)
-            self.journal.retract(mark)
-            raise
-        crashpoints.hit("installed")
-        if replaced is not None and replaced.st_ino != v.ino:
-            if replaced.st_nlink == 1:
-                self.inodes.drop(replaced.st_ino)
-            else:
-                self.inodes.drop(v.ino)  # linked since the version began: the write breaks the link (N2, N3)
-        try:
-            self.store.fsync_dir(parent(v.path))
-        except OSError as e:
-            # The new version is in place but its durability is unknown: keep
-            # the in-memory state truthful and fail the caller (never re-fsync).
-            self._installed(v, rec, keep)
-            v.error = e
-            raise
-        crashpoints.hit("dir_synced")
-        self._installed(v, rec, keep)
-        self.grp.after_install(v.path)
-        self._maybe_compact()
-
-    def _installed(self, v: Version, rec: FileRecord, keep: dict | None = None) -> None:
-        with self.lock:
-            fd = self._installed_locked(v, rec, keep)
-        self._close_quiet(fd)
-
-    def _installed_locked(self, v: Version, rec: FileRecord, keep: dict | None) -> int | None:
-        """(``lock`` held) v is installed: the tables say so; its fd to close, if finished."""
-        self.gens.installed(v.path, keep)
-        self.records[v.path] = rec
-        v.record = rec
-        v.state = "installed"
-        v.dirty = False
-        self._unlist(v)
-        self.last_abort.pop(v.path, None)
-        self.stats["commits"] += 1
-        self.stats["bytes_committed"] += rec.size
-        self.events.emit(events.PUBLISHED, v.path)
-        return self._take_fd(v)
-
-    def _maybe_compact(self) -> None:
-        if self.journal.entries_since_snapshot >= self.journal.compact_every:
-            self.journal.compact(self.records, list(self.aborts), self.grp.to_json())
-
-    def _commit(self, v: Version, caller: Caller, wait: bool, at_fsync: bool = False) -> bool:
-        """Seal and commit v (sync: inline; async: queued, optionally waited).
-
-        Returns False only for ``at_fsync`` when v is an incomplete known-format file: it stays
-        open (staged), nothing is logged, and the caller makes its staged bytes durable."""
-        with v.lock:
-            if v.state != "open" or not v.dirty:
-                sealed = False
-            else:
-                if not self._seal(v, at_fsync):
-                    return False
-                sealed = True
-        if sealed and self.committer is None:
-            try:
-                with self.commit_lock:
-                    self._install(v)
-            except OSError as e:
-                self._failed(v, e)
-                raise
-        elif sealed:
-            self.committer.submit(v)
-        if wait and self.committer is not None and v.state in ("queued", "committing"):
-            v.done.wait()
-            if v.error is not None:
-                self._reported(v)
-                raise _err(v.error.errno or errno.EIO, str(v.error))
-        return True
-
-    def _failed(self, v: Version, e: OSError) -> None:
-        """A commit hit an I/O error: the data is treated as lost (never re-fsync)."""
-        log.error("commit of %s failed: %s", v.path, e)
-        v.error = e
-        self._abort(v, f"I/O error during commit: {e}")
-        if self.committer:
-            with self.lock:
-                self.async_failures.append((v.path, e))
-        if v.state != "installed":  # (its install attempt is over: nothing else changes v now)
-            self._discard(v, None)
-
     def flush(self, fh: int, caller: Caller = NOBODY) -> None:
         h = self._handle(fh)
         v = h.version
@@ -880,16 +727,16 @@ class CkptFS:
         if sig:
             v.doomed = f"writer pid {caller.pid} killed by signal {sig}"
             self.grp.writer_killed(v.path, v.doomed)
-            self._unpublish(v)
+            self.commit.unpublish(v)
             return
         if v.unlinked:
             return
         try:
-            self._commit(v, caller, wait=False)
+            self.commit.commit(v, wait=False)
         except OSError:
             # refused (incomplete) or failed: the path shows its committed
             # version again at once, not only after the asynchronous release
-            self._unpublish(v)
+            self.commit.unpublish(v)
             raise
 
     def _poison(self, v: Version, reason: str, code: int | None = None) -> None:
@@ -897,22 +744,7 @@ class CkptFS:
         if v.doomed is None:
             v.doomed = reason
             v.doomed_errno = code
-        self._unpublish(v)
-
-    def _unpublish(self, v: Version) -> None:
-        """v will never be installed: readers of its path see the committed version again at once."""
-        with self.lock:
-            if self._unlist(v):
-                self.events.emit(events.UNPUBLISHED, v.path, reason=v.doomed or "")
-
-    def _unlist(self, v: Version) -> bool:
-        """Remove v from the tables readers look in; whether it was there."""
-        listed = False
-        for table in (self.pending, self.queued):
-            if table.get(v.path) is v:
-                del table[v.path]
-                listed = True
-        return listed
+        self.commit.unpublish(v)
 
     def fsync(self, fh: int, caller: Caller = NOBODY) -> None:
         h = self._handle(fh)
@@ -926,7 +758,7 @@ class CkptFS:
             # a close does; a known-format file that is not complete yet (its writer fsyncs half-way)
             # is not refused here: its staged bytes are made durable, the version stays open, and the
             # close decides (one error, one log entry).  docs/design.md, "What fsync promises".
-            if not self._commit(v, caller, wait=True, at_fsync=True):
+            if not self.commit.commit(v, wait=True, at_fsync=True):
                 with v.lock:
                     try:
                         self.store.fdatasync(v.fd)
@@ -935,24 +767,13 @@ class CkptFS:
                         raise
                 self.stats["fsync_staged"] += 1
         if v.error is not None:
-            self._reported(v)
+            self.commit.reported(v)
             raise _err(v.error.errno or errno.EIO, str(v.error))
-
-    def _reported(self, v: Version) -> None:
-        """v's async commit failure reached the application (fsync): no longer pending."""
-        with self.lock:
-            self.async_failures = [f for f in self.async_failures if f[1] is not v.error]
 
     def fsyncdir(self, path: str = "") -> None:
         """Wait for queued commits; report (once) async commit failures under path."""
-        if self.committer:
-            self.committer.drain()
-        path = self.norm(path)
-        pre = path + "/" if path else ""
-        with self.lock:
-            failed = [f for f in self.async_failures if f[0].startswith(pre)]
-            for f in failed:
-                self.async_failures.remove(f)
+        self.commit.barrier()
+        failed = self.commit.take_failures(self.norm(path))
         if failed:
             p, e = failed[0]
             raise _err(e.errno or errno.EIO, f"ckptfs: async commit of {p} failed: {e}")
@@ -976,101 +797,36 @@ class CkptFS:
                 v.writers -= 1
             if v.state == "open" and v.writers == 0:
                 if v.unlinked:
-                    drop = self._retire_version(v)
+                    drop = self.commit.retire(v)
                 elif v.doomed:
                     abort = v.doomed
-                    drop = self._retire_version(v)
+                    drop = self.commit.retire(v)
                 elif v.dirty and v.path in self.last_abort:
-                    drop = self._retire_version(v)  # refused at flush; already logged
+                    drop = self.commit.retire(v)  # refused at flush; already logged
                 elif v.dirty:
                     commit_now = True  # written after the last flush (e.g. mmap writeback)
-            fd = self._take_fd(v)
+            fd = self.commit.take_fd(v)
         if abort is not None:
-            self._abort(v, abort)
-        self._dispose(v if drop else None, fd)
+            self.commit.abort(v, abort)
+        self.commit.dispose(v if drop else None, fd)
         if commit_now:
             try:
-                self._commit(v, caller, wait=False)
+                self.commit.commit(v, wait=False)
             except OSError as e:
                 log.warning("late commit of %s at release failed: %s", v.path, e)
                 with self.lock:
-                    self._discard(v, None)
+                    self.commit.discard(v, None)
         if h.writable:
             self.grp.poke(v.path)
 
-    def _discard(self, v: Version, reason: str | None) -> None:
-        """Drop a version that will never be installed: unlisted, its staging file removed.  Takes
-        ``lock`` for the tables only; the journal and the disk are touched outside it (I5)."""
-        if reason:
-            self._abort(v, reason)
-        with self.lock:
-            drop = self._retire_version(v)
-            fd = self._take_fd(v)
-        self._dispose(v if drop else None, fd)
-
-    def _retire_version(self, v: Version) -> bool:
-        """(``lock`` held) v will never be installed: unlist it and mark it discarded.  Whether its
-        staging file is still to be removed (by :meth:`_dispose`, outside the lock)."""
-        if self._unlist(v):
-            self.events.emit(events.UNPUBLISHED, v.path, reason=v.doomed or "discarded")
-        if v.state in ("installed", "discarded"):
-            return False
-        v.state = "discarded"
-        v.done.set()
-        self.inodes.drop(v.ino)
-        return True
-
-    def _take_fd(self, v: Version) -> int | None:
-        """(``lock`` held) v's fd, to close outside the lock, once no handle uses v and it is
-        finished; marks v closed."""
-        if v.refs <= 0 and v.state in ("installed", "discarded") and v.fd >= 0:
-            fd, v.fd = v.fd, -1
-            return fd
-        return None
-
-    def _dispose(self, staged: Version | None, fd: int | None) -> None:
-        """Disk half of retiring a version: remove ``staged``'s staging file, close ``fd``."""
-        if staged is not None:
-            try:
-                self.store.unlink(staged.staging)
-            except OSError:
-                pass
-        self._close_quiet(fd)
-
-    def _close_quiet(self, fd: int | None) -> None:
-        if fd is not None:
-            try:
-                self.store.close(fd)
-            except OSError:
-                pass
-
     # ----------------------------------------------------- namespace changes
-    def _ns_op(self, entry: dict, do, dirs: list[str]) -> None:
-        """Journal ``entry``, perform ``do()``, fsync ``dirs``.  Holds commit_lock."""
-        mark = self.journal.append(entry)
-        crashpoints.hit("ns_intent_logged")
-        try:
-            do()
-        except OSError:
-            self.journal.retract(mark)
-            raise
-        crashpoints.hit("ns_done")
-        for d in dict.fromkeys(dirs):
-            self.store.fsync_dir(d)
-        self.stats["ns_ops"] += 1
-
-    def _barrier(self) -> None:
-        """Order a namespace op after every earlier commit (async mode)."""
-        if self.committer:
-            self.committer.drain()
-
     def mkdir(self, path: str, mode: int, caller: Caller = NOBODY) -> None:
         path = self.norm(path)
         if is_view(path):
             raise _err(errno.EROFS)
         if is_meta(path):
             raise _err(errno.EACCES)
-        self._barrier()
+        self.commit.barrier()
         with self.commit_lock:
             if self._lexists(path):
                 raise _err(errno.EEXIST)
@@ -1080,12 +836,12 @@ class CkptFS:
                 self._set_new_owner(path, caller)
 
             self.grp.note_mkdir(path, caller.pid)
-            self._ns_op({"op": "mkdir", "path": path, "mode": mode}, do, [parent(path)])
+            self.commit.ns_op({"op": "mkdir", "path": path, "mode": mode}, do, [parent(path)])
 
     def rmdir(self, path: str) -> None:
         path = self.norm(path)
         self._check_visible(path)
-        self._barrier()
+        self.commit.barrier()
         with self.commit_lock:
             if self._children_pending(path):
                 raise _err(errno.ENOTEMPTY)
@@ -1094,7 +850,7 @@ class CkptFS:
                 raise _err(errno.ENOTDIR)
             if self.store.listdir(path):
                 raise _err(errno.ENOTEMPTY)
-            self._ns_op({"op": "rmdir", "path": path}, lambda: self.store.rmdir(path), [parent(path)])
+            self.commit.ns_op({"op": "rmdir", "path": path}, lambda: self.store.rmdir(path), [parent(path)])
             self.grp.forget_dir(path)
             self.grp.deletion_done(path)
 
@@ -1104,7 +860,7 @@ class CkptFS:
             raise _err(errno.EROFS)
         if is_meta(path):
             raise _err(errno.EACCES)
-        self._barrier()
+        self.commit.barrier()
         with self.commit_lock:
             if self._lexists(path):
                 raise _err(errno.EEXIST)
@@ -1116,7 +872,7 @@ class CkptFS:
                 self.store.symlink(target, path)
                 self._set_new_owner(path, caller)
 
-            self._ns_op({"op": "symlink", "path": path, "target": target}, do, [parent(path)])
+            self.commit.ns_op({"op": "symlink", "path": path, "target": target}, do, [parent(path)])
             with self.lock:
                 self.records.pop(path, None)
 
@@ -1126,7 +882,7 @@ class CkptFS:
             if self.hidden.pop(path, None) is not None:
                 return  # libfuse removing a hidden name at the last close: the name was already gone
         self._check_visible(path)
-        self._barrier()
+        self.commit.barrier()
         with self.commit_lock:
             target = self.rules.unfinished_target(os.path.basename(path))
             if target is not None:  # NeMo: removing "<ckpt>-unfinished" completes <ckpt>
@@ -1148,7 +904,7 @@ class CkptFS:
                     self.grp.defer_delete(g, path, caller.pid)
                 else:
                     self.grp.note_unlink(path)
-                    self._ns_op({"op": "unlink", "path": path}, lambda: self.store.unlink(path), [parent(path)])
+                    self.commit.ns_op({"op": "unlink", "path": path}, lambda: self.store.unlink(path), [parent(path)])
             elif v is None:
                 raise _err(errno.ENOENT)
             with self.lock:
@@ -1176,7 +932,7 @@ class CkptFS:
             return
         if stat.S_IFMT(mode) not in (stat.S_IFIFO, stat.S_IFSOCK, stat.S_IFCHR, stat.S_IFBLK):
             raise _err(errno.EINVAL)
-        self._barrier()
+        self.commit.barrier()
         with self.commit_lock:
             if self._lexists(path):
                 raise _err(errno.EEXIST)
@@ -1185,7 +941,7 @@ class CkptFS:
                 self.store.mknod(path, mode, dev)
                 self._set_new_owner(path, caller)
 
-            self._ns_op({"op": "mknod", "path": path, "mode": mode, "dev": dev}, do, [parent(path)])
+            self.commit.ns_op({"op": "mknod", "path": path, "mode": mode, "dev": dev}, do, [parent(path)])
             with self.lock:
                 self.records.pop(path, None)
 
@@ -1201,7 +957,7 @@ class CkptFS:
             raise _err(errno.EROFS)
         if is_meta(new) or new == "":
             raise _err(errno.EACCES)
-        self._barrier()
+        self.commit.barrier()
         with self.commit_lock:
             if self._lexists(new):
                 raise _err(errno.EEXIST)
@@ -1212,7 +968,7 @@ class CkptFS:
             if stat.S_ISDIR(self.store.lstat(old).st_mode):
                 raise _err(errno.EPERM)
             self.grp.note_link(new, caller.pid)
-            self._ns_op({"op": "link", "src": old, "dst": new}, lambda: self.store.link(old, new),
+            self.commit.ns_op({"op": "link", "src": old, "dst": new}, lambda: self.store.link(old, new),
                         [parent(new)])
             with self.lock:
                 if old in self.records:
@@ -1275,7 +1031,7 @@ class CkptFS:
             return
         if new.startswith(old + "/"):
             raise _err(errno.EINVAL)
-        self._barrier()
+        self.commit.barrier()
         with self.commit_lock:
             if flags & 1 and self._lexists(new):
                 raise _err(errno.EEXIST)
@@ -1313,7 +1069,7 @@ class CkptFS:
                             self.gens.unlink_quiet(keep)
                         raise
 
-                self._ns_op(entry, do, dirs)
+                self.commit.ns_op(entry, do, dirs)
                 self.grp.renamed(old, new)
             with self.lock:
                 if on_disk:
@@ -1325,7 +1081,7 @@ class CkptFS:
                 displaced = self.pending.get(new)
                 if displaced is not None and displaced.state == "open":
                     displaced.unlinked = True
-                    self._unlist(displaced)  # the renamed file is what the path shows now
+                    self.commit.unlist(displaced)  # the renamed file is what the path shows now
                 for table in (self.pending, self.queued):
                     moved = [p for p in table if p == old or p.startswith(old + "/")]
                     for p in moved:
@@ -1540,71 +1296,3 @@ class CkptFS:
         self.store.removexattr(self._attr_target(path), name)
 
 
-class _Committer:
-    """Background committer for ``--commit=async``: installs sealed versions
-    one at a time in submission (= close) order; bounded backlog."""
-
-    def __init__(self, fs: CkptFS, max_items: int, max_bytes: int) -> None:
-        self.fs = fs
-        self.max_items = max_items
-        self.max_bytes = max_bytes
-        self.queue: collections.deque[Version] = collections.deque()
-        self.queued_bytes = 0
-        self.busy = False
-        self.stopping = False
-        self.cond = threading.Condition()
-        self.thread = threading.Thread(target=self._run, name="ckptfs-committer", daemon=True)
-        self.thread.start()
-
-    def submit(self, v: Version) -> None:
-        with self.cond:
-            while self.queue and (len(self.queue) >= self.max_items
-                                  or self.queued_bytes + v.size > self.max_bytes):
-                self.fs.stats["backpressure_waits"] += 1
-                self.cond.wait()
-            self.queue.append(v)
-            self.queued_bytes += v.size
-            self.cond.notify_all()
-
-    def drain(self) -> None:
-        with self.cond:
-            while self.queue or self.busy:
-                self.cond.wait()
-
-    def stop(self) -> None:
-        self.drain()
-        with self.cond:
-            self.stopping = True
-            self.cond.notify_all()
-        self.thread.join()
-
-    def _run(self) -> None:
-        while True:
-            with self.cond:
-                while not self.queue and not self.stopping:
-                    self.cond.wait()
-                if not self.queue:
-                    return
-                v = self.queue.popleft()
-                self.busy = True
-            try:
-                with self.fs.commit_lock:
-                    with self.fs.lock:
-                        unreported = self.fs.async_failures[:1]
-                    if unreported:
-                        # An earlier commit failed and the application has not been
-                        # told yet (fsync/fsyncdir): installing later versions would
-                        # make a partial save visible (a step's .metadata without one
-                        # of its shards), so they fail too until it has been reported.
-                        p, e = unreported[0]
-                        raise OSError(errno.EIO, f"ckptfs: not committed: the earlier commit of {p} failed: {e}")
-                    v.state = "committing"
-                    self.fs._install(v)
-            except OSError as e:
-                self.fs._failed(v, e)
-            finally:
-                v.done.set()
-                with self.cond:
-                    self.busy = False
-                    self.queued_bytes -= v.size
-                    self.cond.notify_all()

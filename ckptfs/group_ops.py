@@ -76,12 +76,12 @@ from .rules import CHECKPOINT_FILES, SIGNATURE_DEPTH, TMP_DIR_RE, Rule, parent_a
 
 if TYPE_CHECKING:
     from .backing import BackingStore
+    from .engine.staged import Version
     from .events import Events
     from .generations import Generations
     from .journal import Journal
     from .records import FileRecord
     from .rules import RuleSet
-    from .versions import Version
 
 log = logging.getLogger("ckptfs.groups")
 

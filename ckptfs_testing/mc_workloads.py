@@ -26,8 +26,8 @@ from collections.abc import Callable
 
 import blake3
 
+from ckptfs.engine.commit import CommitEngine
 from ckptfs.fs import CkptFS
-from ckptfs.recovery import parent
 from ckptfs_testing.modelcheck import Driver, Invariant, Workload
 
 SHARDS = 3
@@ -240,41 +240,48 @@ BAD_VARIANTS = (
 )
 
 
-class BadCkptFS(CkptFS):
-    """CkptFS with one deliberate protocol defect.  TEST ONLY: proves the checker catches it."""
+class BadCommit(CommitEngine):
+    """The commit path with one deliberate protocol defect: one install step (engine/commit.py)
+    or the namespace op overridden, the rest the real code.  TEST ONLY: proves the checker catches it."""
 
     variant = ""
 
-    def _install(self, v) -> None:  # type: ignore[no-untyped-def]
-        if v.unlinked:
-            self._discard(v, None)
-            return
-        bad = self.variant
-        prev = self.records.get(v.path)
-        rec = dataclasses.replace(v.record, generation=prev.generation + 1 if prev else 1)
-        entry = {"op": "install", "path": v.path, "staging": v.staging, "rec": rec.to_json()}
-        if bad != "rename_before_fsync":
-            self.store.fsync(v.fd)
-        if bad == "rename_before_intent":
-            self.store.rename(v.staging, v.path)
-        self.journal.append(entry, sync=bad != "no_journal_sync")
-        if bad != "rename_before_intent":
-            self.store.rename(v.staging, v.path)
-        if bad != "no_dir_fsync":
-            self.store.fsync_dir(parent(v.path))
-        if bad == "rename_before_fsync":
-            self.store.fsync(v.fd)
-        self._installed(v, rec)
-        self._maybe_compact()
+    def sync_data(self, v) -> None:  # type: ignore[no-untyped-def]
+        if self.variant != "rename_before_fsync":
+            super().sync_data(v)
 
-    def _ns_op(self, entry: dict, do, dirs: list[str]) -> None:  # type: ignore[no-untyped-def]
-        super()._ns_op(entry, do, [] if self.variant == "ns_no_dir_fsync" else dirs)
+    def log_intent(self, v, entry):  # type: ignore[no-untyped-def]
+        if self.variant == "rename_before_intent":
+            super().put_in_place(v)
+        if self.variant == "no_journal_sync":
+            return self.journal.append(entry, sync=False)
+        return super().log_intent(v, entry)
+
+    def put_in_place(self, v) -> None:  # type: ignore[no-untyped-def]
+        if self.variant != "rename_before_intent":
+            super().put_in_place(v)
+
+    def sync_name(self, v) -> None:  # type: ignore[no-untyped-def]
+        if self.variant != "no_dir_fsync":
+            super().sync_name(v)
+        if self.variant == "rename_before_fsync":
+            self.store.fsync(v.fd)  # the data only after the rename (and its directory) are durable
+
+    def ns_op(self, entry: dict, do, dirs: list[str]) -> None:  # type: ignore[no-untyped-def]
+        super().ns_op(entry, do, [] if self.variant == "ns_no_dir_fsync" else dirs)
+
+
+class BadCkptFS(CkptFS):
+    """CkptFS whose commit engine is a :class:`BadCommit`."""
+
+    variant = ""
 
 
 def bad_factory(variant: str) -> type[CkptFS]:
     if variant not in BAD_VARIANTS:
         raise ValueError(variant)
-    return type(f"Bad_{variant}", (BadCkptFS,), {"variant": variant})
+    engine = type(f"BadCommit_{variant}", (BadCommit,), {"variant": variant})
+    return type(f"Bad_{variant}", (BadCkptFS,), {"variant": variant, "commit_engine": engine})
 
 
 def bad_workload(variant: str) -> Workload:

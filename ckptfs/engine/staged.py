@@ -16,8 +16,15 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from .records import FileRecord
-from .streamhash import AsyncDigest
+from ..records import FileRecord
+from ..streamhash import AsyncDigest
+
+# Version states (the life cycle above)
+OPEN = "open"  # being written; the only state in which its staging file changes
+QUEUED = "queued"  # sealed, waiting for the async committer
+COMMITTING = "committing"  # sealed, being installed
+INSTALLED = "installed"  # renamed over its path: it is the committed version
+DISCARDED = "discarded"  # never installed; its staging file is gone
 
 
 @dataclass(eq=False)
@@ -28,7 +35,7 @@ class Version:
     digest: AsyncDigest = field(default_factory=AsyncDigest)  # hashed off the request path
     size: int = 0
     dirty: bool = True
-    state: str = "open"  # open | queued | committing | installed | discarded
+    state: str = OPEN  # OPEN | QUEUED | COMMITTING | INSTALLED | DISCARDED
     refs: int = 0  # handles referencing this version
     writers: int = 0  # write handles referencing this version
     doomed: str | None = None  # reason it must never commit (writer killed...)
@@ -47,5 +54,4 @@ class Handle:
     writable: bool
     fd: int | None = None  # backing fd of the committed file (reads before first write)
     version: Version | None = None
-    append: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)

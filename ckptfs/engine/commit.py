@@ -1,0 +1,438 @@
+"""The commit path: seal a staged version, install it durably, namespace operations, the async
+committer.  Owns ``commit_lock``, the journal and the kept generations' writes.
+
+Install protocol (docs/design.md, "Commit protocol"), one version at a time under ``commit_lock``:
+
+1. ``fsync(staged)``               the new bytes are durable before any name points at them
+2. journal intent + ``fdatasync``  recovery can finish (re-verifying the staged bytes) or drop it
+3. ``rename(staged, path)``        atomic replace: readers see old or new, never a mix
+4. ``fsync(parent dir)``           the new name is durable; the install is complete
+
+Each step is its own method (:meth:`CommitEngine.sync_data` ... :meth:`CommitEngine.sync_name`), so
+the model checker's known-bad variants (ckptfs_testing/mc_workloads.py) override one step instead of
+copying the sequence.
+
+Invariants: I1 (old or new after any crash) and I2 (prefix order: one journal intent in flight,
+``commit_lock``); I5 (lock order ``commit_lock`` before ``lock``; the journal and the disk are never
+touched while holding ``lock`` alone); E3 (an install or unpublish emits its event).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import errno
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .. import crashpoints, events, formats
+from ..backing import BackingStore
+from ..hashing import digest_fd
+from ..inodes import InodeMap
+from ..journal import Journal
+from ..layout import parent
+from ..records import FileRecord
+from .staged import COMMITTING, DISCARDED, INSTALLED, OPEN, QUEUED, Version
+
+if TYPE_CHECKING:
+    from ..generations import Generations
+    from ..group_ops import GroupEngine
+
+log = logging.getLogger("ckptfs")
+
+
+def _err(code: int, msg: str = "") -> OSError:
+    return OSError(code, msg or os.strerror(code))
+
+
+class CommitEngine:
+    """Seal / install / discard of staged versions and journaled namespace operations.
+
+    Shares with the facade the tables it names in its constructor (``records``, ``pending``,
+    ``queued``, ``aborts``, ``last_abort``, ``stats``) and ``lock`` (tables only).  ``groups`` is
+    attached once the group engine exists (the two call each other: a pointer install seals the
+    group it names; a seal waits for the commits before it)."""
+
+    def __init__(self, *, store: BackingStore, journal: Journal, records: dict[str, FileRecord],
+                 pending: dict[str, Version], queued: dict[str, Version], aborts: collections.deque[dict],
+                 last_abort: dict[str, str], stats: collections.Counter[str], lock: threading.RLock,
+                 gens: Generations, inodes: InodeMap, events_hub: events.Events,
+                 keep_plan: Callable[[str, FileRecord | None], dict | None], check_formats: bool = True,
+                 commit_mode: str = "sync", max_backlog: int = 64, max_backlog_bytes: int = 16 << 30) -> None:
+        if commit_mode not in ("sync", "async"):
+            raise ValueError("commit_mode must be 'sync' or 'async'")
+        self.store = store
+        self.journal = journal
+        self.records = records
+        self.pending = pending
+        self.queued = queued
+        self.aborts = aborts
+        self.last_abort = last_abort
+        self.stats = stats
+        self.lock = lock
+        self.commit_lock = threading.RLock()
+        self.gens = gens
+        self.inodes = inodes
+        self.events = events_hub
+        self.keep_plan = keep_plan  # journal fragment keeping the previous generation (integrity decides)
+        self.check_formats = check_formats
+        self.async_failures: list[tuple[str, OSError]] = []  # reported by the next fsync / fsyncdir
+        self.groups: GroupEngine | None = None
+        self.committer = Committer(self, max_backlog, max_backlog_bytes) if commit_mode == "async" else None
+
+    # ------------------------------------------------------------ tables
+    def unlist(self, v: Version) -> bool:
+        """(``lock`` held) Remove v from the tables readers look in; whether it was there."""
+        listed = False
+        for table in (self.pending, self.queued):
+            if table.get(v.path) is v:
+                del table[v.path]
+                listed = True
+        return listed
+
+    def unpublish(self, v: Version) -> None:
+        """v will never be installed: readers of its path see the committed version again at once."""
+        with self.lock:
+            if self.unlist(v):
+                self.events.emit(events.UNPUBLISHED, v.path, reason=v.doomed or "")
+
+    def take_fd(self, v: Version) -> int | None:
+        """(``lock`` held) v's fd, to close outside the lock, once no handle uses v and it is
+        finished; marks v closed."""
+        if v.refs <= 0 and v.state in (INSTALLED, DISCARDED) and v.fd >= 0:
+            fd, v.fd = v.fd, -1
+            return fd
+        return None
+
+    def retire(self, v: Version) -> bool:
+        """(``lock`` held) v will never be installed: unlist it and mark it discarded.  Whether its
+        staging file is still to be removed (by :meth:`dispose`, outside the lock)."""
+        if self.unlist(v):
+            self.events.emit(events.UNPUBLISHED, v.path, reason=v.doomed or "discarded")
+        if v.state in (INSTALLED, DISCARDED):
+            return False
+        v.state = DISCARDED
+        v.done.set()
+        self.inodes.drop(v.ino)
+        return True
+
+    def dispose(self, staged: Version | None, fd: int | None) -> None:
+        """Disk half of retiring a version: remove ``staged``'s staging file, close ``fd``."""
+        if staged is not None:
+            try:
+                self.store.unlink(staged.staging)
+            except OSError:
+                pass
+        self.close_quiet(fd)
+
+    def close_quiet(self, fd: int | None) -> None:
+        if fd is not None:
+            try:
+                self.store.close(fd)
+            except OSError:
+                pass
+
+    def discard(self, v: Version, reason: str | None) -> None:
+        """Drop a version that will never be installed: unlisted, its staging file removed.  Takes
+        ``lock`` for the tables only; the journal and the disk are touched outside it (I5)."""
+        if reason:
+            self.abort(v, reason)
+        with self.lock:
+            drop = self.retire(v)
+            fd = self.take_fd(v)
+        self.dispose(v if drop else None, fd)
+
+    def abort(self, v: Version, reason: str) -> None:
+        """Log (journal, unsynced) that v is not committed, and why."""
+        entry = {"op": "abort", "path": v.path, "reason": reason, "time": time.time()}
+        log.warning("not committing %s: %s", v.path, reason)
+        self.aborts.append(entry)
+        self.last_abort[v.path] = reason
+        self.stats["aborts"] += 1
+        try:
+            self.journal.append(entry, sync=False)
+        except OSError as e:
+            log.warning("could not log abort: %s", e)
+
+    # ------------------------------------------------------------ sealing
+    def seal(self, v: Version, at_fsync: bool = False) -> bool:
+        """Freeze v and fill in its record; raise EIO if incomplete.  Holds v.lock.
+
+        ``at_fsync``: an incomplete file is not refused but left open (returns False): the
+        application fsyncs a file it has not finished (its close decides, once, with one error and
+        one log entry)."""
+        st = self.store.fstat(v.fd)
+        size = v.size = st.st_size
+        if self.check_formats:
+            reason = formats.check(self.store, v.fd, size, os.path.basename(v.path))
+            if reason and at_fsync:
+                return False
+            if reason:
+                self.abort(v, reason)
+                if self.groups is not None:
+                    self.groups.write_refused(v.path, reason)
+                raise _err(errno.EIO, f"ckptfs: refusing to commit incomplete {v.path}: {reason}")
+        got = v.digest.finish(size)
+        if got is None:
+            self.stats["rehashes"] += 1
+            got = digest_fd(self.store, v.fd, size)
+        v.record = FileRecord(  # generation is assigned at install, in commit order
+            size=size, blake3=got[0], chunks=got[1], generation=0,
+            committed_at=time.time(), ino=st.st_ino,
+        )
+        if self.committer:
+            v.state = QUEUED
+            with self.lock:
+                if self.pending.get(v.path) is v:
+                    del self.pending[v.path]
+                self.queued[v.path] = v
+        else:
+            v.state = COMMITTING
+        return True
+
+    def commit(self, v: Version, wait: bool, at_fsync: bool = False) -> bool:
+        """Seal and commit v (sync: inline; async: queued, optionally waited).
+
+        Returns False only for ``at_fsync`` when v is an incomplete known-format file: it stays
+        open (staged), nothing is logged, and the caller makes its staged bytes durable."""
+        with v.lock:
+            if v.state != OPEN or not v.dirty:
+                sealed = False
+            else:
+                if not self.seal(v, at_fsync):
+                    return False
+                sealed = True
+        if sealed and self.committer is None:
+            try:
+                with self.commit_lock:
+                    self.install(v)
+            except OSError as e:
+                self.failed(v, e)
+                raise
+        elif sealed:
+            assert self.committer is not None
+            self.committer.submit(v)
+        if wait and self.committer is not None and v.state in (QUEUED, COMMITTING):
+            v.done.wait()
+            if v.error is not None:
+                self.reported(v)
+                raise _err(v.error.errno or errno.EIO, str(v.error))
+        return True
+
+    # ------------------------------------------------------------ install
+    def install(self, v: Version) -> None:
+        """Make v durable and install it at v.path (the four steps of the module doc).  Caller holds
+        commit_lock."""
+        if v.unlinked:
+            self.discard(v, None)
+            return
+        rec = v.record
+        assert rec is not None
+        prev = self.records.get(v.path)
+        rec = dataclasses.replace(rec, generation=prev.generation + 1 if prev else 1)
+        if self.groups is not None and self.groups.is_pointer(v.path) and rec.size <= 4096:
+            self.groups.seal_named_by_pointer(v.path, self.store.pread(v.fd, rec.size, 0))  # G6
+        self.sync_data(v)
+        crashpoints.hit("stage_synced")
+        keep = self.keep_plan(v.path, prev)  # previous generation kept (generations.py)
+        entry: dict[str, Any] = {"op": "install", "path": v.path, "staging": v.staging, "rec": rec.to_json()}
+        if keep:
+            entry["keep"] = keep
+        mark = self.log_intent(v, entry)
+        crashpoints.hit("intent_logged")
+        try:
+            replaced = self.store.lstat(v.path)
+        except OSError:
+            replaced = None
+        try:
+            if keep:
+                self.gens.link(v.path, keep)
+            self.put_in_place(v)
+        except OSError:
+            if keep:
+                self.gens.unlink_quiet(keep)
+            self.journal.retract(mark)
+            raise
+        crashpoints.hit("installed")
+        if replaced is not None and replaced.st_ino != v.ino:
+            if replaced.st_nlink == 1:
+                self.inodes.drop(replaced.st_ino)
+            else:
+                self.inodes.drop(v.ino)  # linked since the version began: the write breaks the link (N2, N3)
+        try:
+            self.sync_name(v)
+        except OSError as e:
+            # The new version is in place but its durability is unknown: keep
+            # the in-memory state truthful and fail the caller (never re-fsync).
+            self.installed(v, rec, keep)
+            v.error = e
+            raise
+        crashpoints.hit("dir_synced")
+        self.installed(v, rec, keep)
+        if self.groups is not None:
+            self.groups.after_install(v.path)
+        self.maybe_compact()
+
+    def sync_data(self, v: Version) -> None:
+        """Step 1: the staged bytes are durable."""
+        self.store.fsync(v.fd)
+
+    def log_intent(self, v: Version, entry: dict) -> Any:
+        """Step 2: the install intent is durable in the journal; its mark (to retract)."""
+        return self.journal.append(entry)
+
+    def put_in_place(self, v: Version) -> None:
+        """Step 3: the atomic rename over the path."""
+        self.store.rename(v.staging, v.path)
+
+    def sync_name(self, v: Version) -> None:
+        """Step 4: the rename is durable."""
+        self.store.fsync_dir(parent(v.path))
+
+    def installed(self, v: Version, rec: FileRecord, keep: dict | None = None) -> None:
+        """The tables say v is installed (its fd closed if no handle uses it)."""
+        with self.lock:
+            self.gens.installed(v.path, keep)
+            self.records[v.path] = rec
+            v.record = rec
+            v.state = INSTALLED
+            v.dirty = False
+            self.unlist(v)
+            self.last_abort.pop(v.path, None)
+            self.stats["commits"] += 1
+            self.stats["bytes_committed"] += rec.size
+            self.events.emit(events.PUBLISHED, v.path)
+            fd = self.take_fd(v)
+        self.close_quiet(fd)
+
+    def maybe_compact(self) -> None:
+        if self.journal.entries_since_snapshot >= self.journal.compact_every:
+            self.compact()
+
+    def compact(self) -> None:
+        """Write the whole state as the journal's snapshot (records, aborts, groups, generations)."""
+        self.journal.compact(self.records, list(self.aborts), self.groups.to_json() if self.groups else {})
+
+    def failed(self, v: Version, e: OSError) -> None:
+        """A commit hit an I/O error: the data is treated as lost (never re-fsync)."""
+        log.error("commit of %s failed: %s", v.path, e)
+        v.error = e
+        self.abort(v, f"I/O error during commit: {e}")
+        if self.committer:
+            with self.lock:
+                self.async_failures.append((v.path, e))
+        if v.state != INSTALLED:  # (its install attempt is over: nothing else changes v now)
+            self.discard(v, None)
+
+    def reported(self, v: Version) -> None:
+        """v's async commit failure reached the application (fsync): no longer pending."""
+        with self.lock:
+            self.async_failures = [f for f in self.async_failures if f[1] is not v.error]
+
+    def take_failures(self, path: str) -> list[tuple[str, OSError]]:
+        """Async commit failures at or under ``path``, each reported once."""
+        pre = path + "/" if path else ""
+        with self.lock:
+            failed = [f for f in self.async_failures if f[0].startswith(pre)]
+            for f in failed:
+                self.async_failures.remove(f)
+        return failed
+
+    # --------------------------------------------------------- namespace
+    def ns_op(self, entry: dict, do: Callable[[], None], dirs: list[str]) -> None:
+        """Journal ``entry``, perform ``do()``, fsync ``dirs``.  Holds commit_lock."""
+        mark = self.journal.append(entry)
+        crashpoints.hit("ns_intent_logged")
+        try:
+            do()
+        except OSError:
+            self.journal.retract(mark)
+            raise
+        crashpoints.hit("ns_done")
+        for d in dict.fromkeys(dirs):
+            self.store.fsync_dir(d)
+        self.stats["ns_ops"] += 1
+
+    def barrier(self) -> None:
+        """Order a namespace op after every earlier commit (async mode)."""
+        if self.committer:
+            self.committer.drain()
+
+    def stop(self) -> None:
+        if self.committer:
+            self.committer.stop()
+
+
+class Committer:
+    """Background committer for ``--commit=async``: installs sealed versions
+    one at a time in submission (= close) order; bounded backlog."""
+
+    def __init__(self, engine: CommitEngine, max_items: int, max_bytes: int) -> None:
+        self.engine = engine
+        self.max_items = max_items
+        self.max_bytes = max_bytes
+        self.queue: collections.deque[Version] = collections.deque()
+        self.queued_bytes = 0
+        self.busy = False
+        self.stopping = False
+        self.cond = threading.Condition()
+        self.thread = threading.Thread(target=self._run, name="ckptfs-committer", daemon=True)
+        self.thread.start()
+
+    def submit(self, v: Version) -> None:
+        with self.cond:
+            while self.queue and (len(self.queue) >= self.max_items
+                                  or self.queued_bytes + v.size > self.max_bytes):
+                self.engine.stats["backpressure_waits"] += 1
+                self.cond.wait()
+            self.queue.append(v)
+            self.queued_bytes += v.size
+            self.cond.notify_all()
+
+    def drain(self) -> None:
+        with self.cond:
+            while self.queue or self.busy:
+                self.cond.wait()
+
+    def stop(self) -> None:
+        self.drain()
+        with self.cond:
+            self.stopping = True
+            self.cond.notify_all()
+        self.thread.join()
+
+    def _run(self) -> None:
+        eng = self.engine
+        while True:
+            with self.cond:
+                while not self.queue and not self.stopping:
+                    self.cond.wait()
+                if not self.queue:
+                    return
+                v = self.queue.popleft()
+                self.busy = True
+            try:
+                with eng.commit_lock:
+                    with eng.lock:
+                        unreported = eng.async_failures[:1]
+                    if unreported:
+                        # An earlier commit failed and the application has not been
+                        # told yet (fsync/fsyncdir): installing later versions would
+                        # make a partial save visible (a step's .metadata without one
+                        # of its shards), so they fail too until it has been reported.
+                        p, e = unreported[0]
+                        raise OSError(errno.EIO, f"ckptfs: not committed: the earlier commit of {p} failed: {e}")
+                    v.state = COMMITTING
+                    eng.install(v)
+            except OSError as e:
+                eng.failed(v, e)
+            finally:
+                v.done.set()
+                with self.cond:
+                    self.busy = False
+                    self.queued_bytes -= v.size
+                    self.cond.notify_all()
