@@ -34,7 +34,7 @@ import zipfile
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .backing import BackingStore
+    from ckptfs.backing import BackingStore
 
 CKPT_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".safetensors", ".npy", ".npz", ".json")
 JSON_LIMIT = 256 << 20

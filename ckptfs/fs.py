@@ -33,20 +33,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import META_DIR, __version__, events, exits, procinfo
-from .backing import BackingStore
-from .engine.commit import CommitEngine
-from .engine.staged import Handle, Version
-from .generations import Generations
-from .group_ops import GroupEngine
-from .groups import COMMITTED_VIEW, CORRUPT, OPEN, SEALED, GroupState, SealError, read_seal
-from .inodes import InodeMap
-from .integrity import CONTROL_XATTR, Integrity
-from .journal import COMPACT_EVERY, STAGING, Journal
-from .layout import move_prefix, parent
-from .records import FileRecord
-from .recovery import recover
-from .rules import RuleSet
+from ckptfs import META_DIR, __version__, events, exits, procinfo
+from ckptfs.backing import BackingStore
+from ckptfs.engine.commit import CommitEngine
+from ckptfs.engine.generations import Generations
+from ckptfs.engine.groups import GroupEngine
+from ckptfs.engine.seals import CORRUPT, OPEN, SEALED, GroupState, SealError, read_seal
+from ckptfs.engine.staged import Handle, Version
+from ckptfs.inodes import InodeMap
+from ckptfs.integrity.reads import CONTROL_XATTR, Integrity
+from ckptfs.layout import COMMITTED_VIEW, move_prefix, parent
+from ckptfs.log.journal import COMPACT_EVERY, STAGING, Journal
+from ckptfs.records import FileRecord
+from ckptfs.recovery import recover
+from ckptfs.rules import RuleSet
 
 log = logging.getLogger("ckptfs")
 

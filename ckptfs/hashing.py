@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 
 import blake3
 
-from .records import CHUNK_SIZE
+from ckptfs.records import CHUNK_SIZE
 
 if TYPE_CHECKING:
-    from .backing import BackingStore
+    from ckptfs.backing import BackingStore
 
 
 class IncrementalDigest:

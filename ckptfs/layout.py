@@ -23,10 +23,10 @@ import os
 import stat
 from typing import TYPE_CHECKING
 
-from . import META_DIR
+from ckptfs import META_DIR
 
 if TYPE_CHECKING:
-    from .backing import BackingStore
+    from ckptfs.backing import BackingStore
 
 SNAPSHOT = f"{META_DIR}/snapshot"
 STAGING = f"{META_DIR}/staging"

@@ -37,29 +37,31 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from . import META_DIR, crashpoints
-from .backing import BackingStore
-from .generations import GenEntry, apply_gen_entry, link_for_recovery, reconcile
-from .groups import (
+from ckptfs import META_DIR, crashpoints
+from ckptfs.backing import BackingStore
+from ckptfs.engine.generations import GenEntry, link_for_recovery, reconcile
+from ckptfs.engine.replay import PARSE_ERRORS, replay
+from ckptfs.engine.rollback import OP as ROLLBACK
+from ckptfs.engine.rollback import apply_rollback, apply_rollback_state, make_durable, rollback_plan
+from ckptfs.engine.seals import (
     CORRUPT,
     OPEN,
-    QUARANTINE,
     SEALED,
     TORN,
-    TRASH,
     TRASHED,
     GroupState,
     SealError,
     build_manifest,
     lineage,
+    quarantine_target,
     read_seal,
     write_seal,
 )
-from .hashing import digest_fd
-from .journal import Journal, read_whole
-from .layout import (
+from ckptfs.hashing import digest_fd
+from ckptfs.layout import (
     SNAPSHOT,
     STAGING,
+    TRASH,
     drop_prefix,
     move_group,
     move_prefix,
@@ -67,10 +69,9 @@ from .layout import (
     parent,
     rmtree,
 )
-from .metadata import load_trusted
-from .records import FileRecord
-from .rollback import OP as ROLLBACK
-from .rollback import apply_rollback, apply_rollback_state, make_durable, rollback_plan
+from ckptfs.log.journal import Journal, read_whole
+from ckptfs.log.metadata import load_trusted
+from ckptfs.records import FileRecord
 
 log = logging.getLogger("ckptfs.recovery")
 
@@ -81,95 +82,8 @@ log = logging.getLogger("ckptfs.recovery")
 
 
 
-def apply_entry(files: dict[str, FileRecord], e: dict, groups: dict[str, GroupState] | None = None) -> None:
-    """Apply a completed journal entry to the record map (and the group map)."""
-    op = e["op"]
-    if groups is not None:
-        apply_group_entry(files, groups, e)
-    if op == "install":
-        files[e["path"]] = FileRecord.from_json(e["rec"])
-    elif op == "unlink":
-        files.pop(e["path"], None)
-    elif op == "rename":
-        drop_prefix(files, e["dst"])
-        move_prefix(files, e["src"], e["dst"])
-    elif op in ("symlink", "mknod"):
-        files.pop(e["path"], None)
-    elif op == "link":
-        if e["src"] in files:
-            files[e["dst"]] = files[e["src"]]
 
 
-def apply_group_entry(files: dict[str, FileRecord], groups: dict[str, GroupState], e: dict) -> None:
-    op = e["op"]
-    if op == "group_open":
-        prev = groups.get(e["path"])
-        if prev is not None and prev.id and prev.id == e.get("id") and prev.state in (OPEN, SEALED):
-            prev.state, prev.late = OPEN, bool(e.get("late", False))  # reopened after its seal (G10)
-            prev.tentative, prev.rule = bool(e.get("tentative", False)), e.get("rule", prev.rule)  # evidence came
-            return
-        groups[e["path"]] = GroupState(path=e["path"], rule=e["rule"], id=e.get("id", ""), state=OPEN,
-                                       created_at=float(e.get("time", 0)), step=e.get("step"),
-                                       tentative=bool(e.get("tentative", False)))
-    elif op == "group_seal":
-        g = groups.get(e["path"])
-        if g is not None:
-            g.state, g.manifest_blake3 = SEALED, e["manifest"]
-            g.marker = str(e.get("marker", g.marker))
-            g.sealed_at, g.files, g.bytes = float(e.get("time", 0)), int(e.get("files", 0)), int(e.get("bytes", 0))
-            g.reason = ""
-    elif op in ("group_quarantine", "group_retire"):
-        g = groups.get(e["path"])
-        if g is not None:
-            g.state = e.get("state", TRASHED)
-            g.moved_to, g.reason = e["to"], e.get("reason", "")
-            if g.state == TRASHED:
-                del groups[e["path"]]
-        drop_prefix(files, e["path"])
-        groups_keys_under = [k for k in groups if k.startswith(e["path"] + "/")]
-        for k in groups_keys_under:
-            del groups[k]
-    elif op == ROLLBACK:
-        apply_rollback_state(files, groups, e)
-    elif op == "group_forget":
-        groups.pop(e["path"], None)
-    elif op == "group_restore":
-        g = groups.get(e["path"])
-        if g is not None and g.state == TRASHED:
-            move_prefix(files, g.moved_to, g.path)
-            g.state, g.moved_to, g.reason = SEALED, "", ""
-    elif op == "group_trash":
-        g = groups.get(e["path"])
-        if g is not None:
-            g.state, g.moved_to = TRASHED, e["to"]
-            g.reason = "deleted while a newer group was still open"
-    elif op == "rename":
-        live = {k: v for k, v in groups.items() if v.state in (OPEN, SEALED)}
-        for k in live:
-            del groups[k]
-        drop_prefix(live, e["dst"])
-        move_prefix(live, e["src"], e["dst"])
-        for k, g in live.items():
-            g.path = k
-            groups[k] = g
-    elif op == "rmdir":
-        g = groups.get(e["path"])
-        if g is not None and g.state in (OPEN, SEALED):
-            del groups[e["path"]]
-
-
-def _load_groups(raw: dict[str, dict], problems: list[str]) -> dict[str, GroupState]:
-    out: dict[str, GroupState] = {}
-    for p, g in raw.items():
-        try:
-            out[p] = GroupState.from_json(g)
-        except (TypeError, ValueError) as e:
-            problems.append(f"snapshot group record for {p!r} untrusted ({e}); group forgotten")
-    return out
-
-
-def quarantine_target(g: GroupState) -> str:
-    return f"{QUARANTINE}/{g.id or int(g.created_at * 1000)}"
 
 
 
@@ -500,42 +414,27 @@ def recover(store: BackingStore, journal: Journal | None = None) -> RecoveryRepo
     journal.ensure_layout()
     loaded = load_trusted(journal)
     state = loaded.state
-    rep = RecoveryReport(files=state.files, aborts=state.aborts, problems=list(loaded.problems),
-                         groups=_load_groups(state.groups, loaded.problems))
     stamp = time.strftime("%Y%m%dT%H%M%S")
     if loaded.snapshot_corrupt:
         _preserve(store, SNAPSHOT, f"{META_DIR}/corrupt-snapshot.{stamp}")
     if loaded.journal_corrupt_at is not None:
         _preserve(store, journal.journal_path(state.epoch), f"{META_DIR}/corrupt-journal.{state.epoch}.{stamp}")
     trusted = not loaded.snapshot_corrupt and loaded.journal_corrupt_at is None
-    gens_raw = loaded.generations
-    ops = []
-    for e in state.entries:
-        if e.get("op") == "abort":
-            rep.aborts.append(e)
-        else:
-            ops.append(e)
     # with untrusted metadata the last entry is not known to be the in-flight one: hints only
-    replay = ops[:-1] if trusted else ops
-    for n, e in enumerate(replay):
-        try:
-            apply_entry(rep.files, e, rep.groups)
-            apply_gen_entry(gens_raw, e)
-        except (KeyError, ValueError, TypeError, AttributeError) as err:
-            rep.problems.append(f"journal entry {n} untrusted ({err!r}); skipped")
-        rep.replayed += 1
-    if ops and trusted:
-        last = ops[-1]
+    r = replay(loaded, last="hold" if trusted else "apply")
+    rep = RecoveryReport(files=r.files, aborts=r.aborts, problems=r.problems, groups=r.groups)
+    gens_raw = r.gens
+    if r.held is not None:
+        last = r.held
         try:
             rep.inflight = f"{last['op']} {last.get('path') or last.get('src')}"
             rep.inflight_completed = finish_inflight(store, last)
             if rep.inflight_completed:
-                apply_entry(rep.files, last, rep.groups)
-                apply_gen_entry(gens_raw, last)
-        except (KeyError, ValueError, TypeError, AttributeError) as err:
+                r.apply(last)
+        except PARSE_ERRORS as err:
             rep.inflight_completed = False
             rep.problems.append(f"last journal entry untrusted ({err!r}); not rolled forward")
-        rep.replayed += 1
+    rep.replayed = r.applied
     crashpoints.hit("recovery_replayed")
     staged = store.listdir(STAGING)
     for name in staged:

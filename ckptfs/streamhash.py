@@ -26,7 +26,7 @@ from __future__ import annotations
 import collections
 import threading
 
-from .hashing import IncrementalDigest
+from ckptfs.hashing import IncrementalDigest
 
 MAX_PENDING = 64 << 20
 INLINE_MAX = 64 << 10

@@ -90,7 +90,7 @@ import blake3
 
 from ckptfs import META_DIR
 from ckptfs.backing import BackingStore, OsBackingStore
-from ckptfs.journal import STAGING, Journal
+from ckptfs.log.journal import STAGING, Journal
 
 MODELS = ("weak", "ext4")
 #: stricter-than-realistic models the full run also reports (violations expected, see docs)

@@ -10,7 +10,7 @@ from conftest import Mount
 
 from ckptfs import META_DIR
 from ckptfs.backing import OsBackingStore
-from ckptfs.journal import Journal
+from ckptfs.log.journal import Journal
 
 
 def journal_installs(backing) -> set[str]:

@@ -13,7 +13,7 @@ from conftest import Mount, _env
 
 from ckptfs.backing import OsBackingStore
 from ckptfs.cli import is_ckptfs_mount
-from ckptfs.journal import Journal
+from ckptfs.log.journal import Journal
 from ckptfs.procinfo import is_alive as pid_alive
 
 

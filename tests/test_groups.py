@@ -18,7 +18,7 @@ import torch
 from conftest import Mount, _env, run_py
 
 from ckptfs import META_DIR
-from ckptfs.journal import decode_frames
+from ckptfs.log.journal import decode_frames
 
 VIEW = ".ckptfs-committed"
 

@@ -20,7 +20,7 @@ from conftest import ROOT, Mount, _env
 
 from ckptfs.backing import OsBackingStore
 from ckptfs.fs import CkptFS
-from ckptfs.journal import SNAPSHOT, decode_frames
+from ckptfs.log.journal import SNAPSHOT, decode_frames
 
 
 def xattr(p: Path, name: str) -> str:

@@ -32,7 +32,7 @@ from ckptfs import META_DIR
 from ckptfs.backing import OsBackingStore
 from ckptfs.cli import is_ckptfs_mount
 from ckptfs.fs import CkptFS
-from ckptfs.journal import SNAPSHOT
+from ckptfs.log.journal import SNAPSHOT
 from ckptfs.recovery import recover
 from ckptfs_testing import mc_workloads as W
 from ckptfs_testing import modelcheck as mc

@@ -15,7 +15,7 @@ import torch
 from ckptfs import formats, procinfo
 from ckptfs.backing import OsBackingStore
 from ckptfs.fs import CkptFS
-from ckptfs.journal import Journal, decode_frames, encode_frame
+from ckptfs.log.journal import Journal, decode_frames, encode_frame
 from ckptfs.recovery import recover
 
 
@@ -208,7 +208,7 @@ def test_recovery_drops_inflight_install_whose_directory_is_gone(tmp_path) -> No
 
     from ckptfs.backing import OsBackingStore
     from ckptfs.hashing import digest_fd
-    from ckptfs.journal import STAGING, Journal
+    from ckptfs.log.journal import STAGING, Journal
     from ckptfs.records import FileRecord
     from ckptfs.recovery import recover
 

@@ -9,7 +9,7 @@ traceback.
 
 from __future__ import annotations
 
-from ..mounts import is_ckptfs_mount
-from .parser import build_parser, main
+from ckptfs.cli.parser import build_parser, main
+from ckptfs.mounts import is_ckptfs_mount
 
 __all__ = ["build_parser", "is_ckptfs_mount", "main"]

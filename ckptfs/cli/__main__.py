@@ -1,7 +1,7 @@
 import signal
 import sys
 
-from .parser import main
+from ckptfs.cli.parser import main
 
 signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 sys.exit(main())

@@ -13,8 +13,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from .. import META_DIR
-from ..mounts import is_ckptfs_mount
+from ckptfs import META_DIR
+from ckptfs.mounts import is_ckptfs_mount
 
 __all__ = ["CliError", "Where", "daemon_pid", "find_backing_root", "find_mount_root", "fusermount",
            "is_ckptfs_mount", "locate"]

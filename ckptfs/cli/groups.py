@@ -16,11 +16,13 @@ from typing import Any
 
 import blake3
 
-from ..backing import OsBackingStore
-from ..groups import CORRUPT, OPEN, SEALED, TORN, GroupState, SealError, read_seal
-from ..journal import Journal
-from ..recovery import apply_entry, parent
-from .common import CliError, Where, locate
+from ckptfs.backing import OsBackingStore
+from ckptfs.cli.common import CliError, Where, locate
+from ckptfs.engine.replay import replay
+from ckptfs.engine.seals import CORRUPT, OPEN, SEALED, TORN, GroupState, SealError, read_seal
+from ckptfs.layout import parent
+from ckptfs.log.journal import Journal
+from ckptfs.log.metadata import load_trusted
 
 
 def offline_groups(root: str) -> tuple[dict[str, Any], dict[str, GroupState]]:
@@ -29,12 +31,8 @@ def offline_groups(root: str) -> tuple[dict[str, Any], dict[str, GroupState]]:
     Groups still open here were torn by a crash; the next mount quarantines them."""
     store = OsBackingStore(root)
     try:
-        st = Journal(store).load()
-        files = dict(st.files)
-        groups = {p: GroupState.from_json(g) for p, g in st.groups.items()}
-        for e in st.entries:
-            if e.get("op") != "abort":
-                apply_entry(files, e, groups)
+        r = replay(load_trusted(Journal(store)), last="apply")
+        files, groups = r.files, r.groups
         for p in [p for p, g in groups.items() if g.state == OPEN and g.tentative]:
             del groups[p]  # a directory made by mkdir with no checkpoint file: not a group (issue 10)
         for g in groups.values():
@@ -163,7 +161,7 @@ def cmd_gc(a: argparse.Namespace) -> int:
             raise CliError(f"{w.root}: gc failed: {e.strerror}", 1) from None
         print(f"ckptfs: gc done on {w.root}")
         return 0
-    from ..fs import CkptFS
+    from ckptfs.fs import CkptFS
 
     store = OsBackingStore(w.root)
     try:

@@ -25,10 +25,18 @@ import stat
 import sys
 import time
 
-from .. import META_DIR
-from ..backing import OsBackingStore
-from ..verify import Finding, ProgressBar, RateLimiter, load_offline, select, untracked_files, verify_many
-from .common import CliError, find_backing_root, find_mount_root, is_ckptfs_mount
+from ckptfs import META_DIR
+from ckptfs.backing import OsBackingStore
+from ckptfs.cli.common import CliError, find_backing_root, find_mount_root, is_ckptfs_mount
+from ckptfs.integrity.verify import (
+    Finding,
+    ProgressBar,
+    RateLimiter,
+    load_offline,
+    select,
+    untracked_files,
+    verify_many,
+)
 
 CONTROL = b"user.ckptfs.control"
 
@@ -85,7 +93,7 @@ def _offline(path: str, rate: float, progress: bool, as_json: bool) -> int:
         state = load_offline(store)
         recs = select(state.files, rel)
         gen_recs = {}
-        from ..records import FileRecord
+        from ckptfs.records import FileRecord
 
         for p, gs in state.generations.items():
             if p in recs:
@@ -185,8 +193,8 @@ def cmd_scrub(a: argparse.Namespace) -> int:
 
 def cmd_forget(a: argparse.Namespace) -> int:
     """Accept offline changes: drop the records (and kept generations) of FILES."""
-    from ..journal import Journal
-    from ..recovery import recover
+    from ckptfs.log.journal import Journal
+    from ckptfs.recovery import recover
 
     d = os.path.abspath(a.dir)
     if is_ckptfs_mount(d):

@@ -11,10 +11,10 @@ import subprocess
 import sys
 import time
 
-from .. import META_DIR, __version__
-from ..backing import OsBackingStore
-from ..procinfo import is_alive
-from .common import CliError, daemon_pid, fusermount, is_ckptfs_mount
+from ckptfs import META_DIR, __version__
+from ckptfs.backing import OsBackingStore
+from ckptfs.cli.common import CliError, daemon_pid, fusermount, is_ckptfs_mount
+from ckptfs.procinfo import is_alive
 
 log = logging.getLogger("ckptfs")
 
@@ -44,7 +44,7 @@ def check_fuse_available() -> None:
     if sys.platform.startswith("linux") and not os.path.exists(dev):
         raise CliError(f"{dev} is missing: load the fuse module (modprobe fuse) "
                        "or give the container the device (--device /dev/fuse --cap-add SYS_ADMIN)")
-    from ..fuse_adapter import FuseUnavailable, load_mfusepy
+    from ckptfs.fuse.adapter import FuseUnavailable, load_mfusepy
 
     try:
         load_mfusepy()
@@ -103,9 +103,9 @@ def spawn_daemon(a: argparse.Namespace, d: str) -> int:
 
 
 def run_foreground(a: argparse.Namespace, d: str, backing: str) -> int:
-    from ..fs import CkptFS
-    from ..fuse_adapter import serve
-    from ..journal import CorruptMetadata
+    from ckptfs.fs import CkptFS
+    from ckptfs.fuse.adapter import serve
+    from ckptfs.log.journal import CorruptMetadata
 
     store = OsBackingStore(backing)
     try:
@@ -131,8 +131,8 @@ def load_rules(store: OsBackingStore, a: argparse.Namespace):
     """Group rules: defaults, then ``.ckptfs.toml`` in the backing root, then command-line flags."""
     import dataclasses
 
-    from ..journal import read_whole
-    from ..rules import CONFIG_NAME, ConfigError, RuleSet, parse_config
+    from ckptfs.log.journal import read_whole
+    from ckptfs.rules import CONFIG_NAME, ConfigError, RuleSet, parse_config
 
     rules = RuleSet()
     if store.exists(CONFIG_NAME):
@@ -166,7 +166,7 @@ def _signal_ready_when_mounted(d: str, fd: int) -> None:
 
 
 def setup_logging(store: OsBackingStore, debug: bool) -> None:
-    from ..journal import Journal
+    from ckptfs.log.journal import Journal
 
     Journal(store).ensure_layout()
     fd = store.open(f"{META_DIR}/daemon.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -200,8 +200,8 @@ def cmd_umount(a: argparse.Namespace) -> int:
 
 
 def cmd_recover(a: argparse.Namespace) -> int:
-    from ..journal import SNAPSHOT, CorruptMetadata
-    from ..recovery import recover
+    from ckptfs.log.journal import SNAPSHOT, CorruptMetadata
+    from ckptfs.recovery import recover
 
     d = os.path.abspath(a.dir)
     if not os.path.isdir(d):

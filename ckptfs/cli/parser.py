@@ -11,9 +11,9 @@ import argparse
 import os
 import sys
 
-from .. import __version__
-from . import groups, integrity, mount, status
-from .common import CliError, locate
+from ckptfs import __version__
+from ckptfs.cli import groups, integrity, mount, status
+from ckptfs.cli.common import CliError, locate
 
 
 def cmd_verify(a: argparse.Namespace) -> int:

@@ -6,8 +6,8 @@ import argparse
 import json
 import os
 
-from ..backing import OsBackingStore
-from .common import CliError, is_ckptfs_mount
+from ckptfs.backing import OsBackingStore
+from ckptfs.cli.common import CliError, is_ckptfs_mount
 
 
 def cmd_status(a: argparse.Namespace) -> int:
@@ -22,8 +22,8 @@ def cmd_status(a: argparse.Namespace) -> int:
                 out[k] = json.loads(out[k])
         out["mounted"] = True
     else:
-        from ..journal import CorruptMetadata, Journal
-        from ..metadata import load_trusted
+        from ckptfs.log.journal import CorruptMetadata, Journal
+        from ckptfs.log.metadata import load_trusted
 
         store = OsBackingStore(d)
         try:

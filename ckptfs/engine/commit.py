@@ -29,18 +29,18 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .. import crashpoints, events, formats
-from ..backing import BackingStore
-from ..hashing import digest_fd
-from ..inodes import InodeMap
-from ..journal import Journal
-from ..layout import parent
-from ..records import FileRecord
-from .staged import COMMITTING, DISCARDED, INSTALLED, OPEN, QUEUED, Version
+from ckptfs import crashpoints, events, formats
+from ckptfs.backing import BackingStore
+from ckptfs.engine.staged import COMMITTING, DISCARDED, INSTALLED, OPEN, QUEUED, Version
+from ckptfs.hashing import digest_fd
+from ckptfs.inodes import InodeMap
+from ckptfs.layout import parent
+from ckptfs.log.journal import Journal
+from ckptfs.records import FileRecord
 
 if TYPE_CHECKING:
-    from ..generations import Generations
-    from ..group_ops import GroupEngine
+    from ckptfs.engine.generations import Generations
+    from ckptfs.engine.groups import GroupEngine
 
 log = logging.getLogger("ckptfs")
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from ..records import FileRecord
-from ..streamhash import AsyncDigest
+from ckptfs.records import FileRecord
+from ckptfs.streamhash import AsyncDigest
 
 # Version states (the life cycle above)
 OPEN = "open"  # being written; the only state in which its staging file changes

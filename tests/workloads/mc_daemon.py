@@ -19,7 +19,7 @@ from typing import Any
 
 from ckptfs.backing import OsBackingStore
 from ckptfs.fs import CkptFS
-from ckptfs.fuse_adapter import serve
+from ckptfs.fuse.adapter import serve
 from ckptfs_testing.modelcheck import RecordingStore
 
 

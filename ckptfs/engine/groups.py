@@ -52,36 +52,36 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import crashpoints, events, exits, procinfo
-from .groups import (
+from ckptfs import crashpoints, events, exits, procinfo
+from ckptfs.engine.replay import apply_group_entry
+from ckptfs.engine.rollback import apply_rollback, apply_rollback_state, make_durable, rollback_plan
+from ckptfs.engine.seals import (
     CORRUPT,
     OPEN,
     QUARANTINE,
     SEALED,
     TORN,
-    TRASH,
     TRASHED,
     GroupState,
     build_manifest,
     keep_anchor,
     lineage,
     new_group_id,
+    quarantine_target,
     remove_seal,
     write_seal,
 )
-from .layout import drop_prefix, move_group, move_prefix, move_tree_back, parent, rmtree
-from .recovery import quarantine_target
-from .rollback import apply_rollback, apply_rollback_state, make_durable, rollback_plan
-from .rules import CHECKPOINT_FILES, SIGNATURE_DEPTH, TMP_DIR_RE, Rule, parent_and_base, step_of
+from ckptfs.layout import TRASH, drop_prefix, move_group, move_prefix, move_tree_back, parent, rmtree
+from ckptfs.rules import CHECKPOINT_FILES, SIGNATURE_DEPTH, TMP_DIR_RE, Rule, parent_and_base, step_of
 
 if TYPE_CHECKING:
-    from .backing import BackingStore
-    from .engine.staged import Version
-    from .events import Events
-    from .generations import Generations
-    from .journal import Journal
-    from .records import FileRecord
-    from .rules import RuleSet
+    from ckptfs.backing import BackingStore
+    from ckptfs.engine.generations import Generations
+    from ckptfs.engine.staged import Version
+    from ckptfs.events import Events
+    from ckptfs.log.journal import Journal
+    from ckptfs.records import FileRecord
+    from ckptfs.rules import RuleSet
 
 log = logging.getLogger("ckptfs.groups")
 
@@ -876,7 +876,6 @@ class GroupEngine:
     # ------------------------------------------------------------ namespace
     def renamed(self, old: str, new: str) -> None:
         """Groups at or under ``old`` now live under ``new`` (ids, and so COMMITs, are unchanged)."""
-        from .recovery import apply_group_entry
         with self.lock:
             apply_group_entry({}, self.groups, {"op": "rename", "src": old, "dst": new})
 

@@ -34,10 +34,10 @@ from typing import Any
 
 import blake3
 
-from . import META_DIR, __version__
-from .backing import BackingStore
-from .layout import COMMITTED_VIEW, GROUPS, QUARANTINE, TRASH  # noqa: F401 (re-exported)
-from .records import FileRecord
+from ckptfs import META_DIR, __version__
+from ckptfs.backing import BackingStore
+from ckptfs.layout import GROUPS, QUARANTINE
+from ckptfs.records import FileRecord
 
 MANIFEST_FORMAT = 1
 
@@ -224,3 +224,8 @@ def read_seal(store: BackingStore, gid: str, prev: bool | str = False) -> tuple[
     if manifest.get("id") != gid or not isinstance(manifest.get("files"), dict):
         raise SealError("manifest does not describe this group")
     return manifest, got
+
+
+def quarantine_target(g: GroupState) -> str:
+    """Where a torn or corrupt group is moved (``.ckptfs/quarantine/<id>``)."""
+    return f"{QUARANTINE}/{g.id or int(g.created_at * 1000)}"

@@ -15,9 +15,9 @@ import threading
 import time
 from typing import Any
 
-from .fs import Caller, CkptFS
-from .mounts import mounts_at
-from .pagecache import PageCachePolicy
+from ckptfs.fs import Caller, CkptFS
+from ckptfs.fuse.pagecache import PageCachePolicy
+from ckptfs.mounts import mounts_at
 
 log = logging.getLogger("ckptfs.fuse")
 

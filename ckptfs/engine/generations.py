@@ -36,10 +36,10 @@ import stat
 import uuid
 from dataclasses import dataclass
 
-from . import META_DIR
-from .backing import BackingStore
-from .layout import GEN_DIR
-from .records import FileRecord
+from ckptfs import META_DIR
+from ckptfs.backing import BackingStore
+from ckptfs.layout import GEN_DIR
+from ckptfs.records import FileRecord
 
 log = logging.getLogger("ckptfs.generations")
 

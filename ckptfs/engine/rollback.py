@@ -33,10 +33,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .backing import BackingStore
-from .generations import GEN_DIR, GenEntry
-from .groups import GROUPS, OPEN, QUARANTINE, SEALED, GroupState, SealError, read_seal
-from .records import FileRecord
+from ckptfs.backing import BackingStore
+from ckptfs.engine.generations import GenEntry
+from ckptfs.engine.seals import OPEN, SEALED, GroupState, SealError, read_seal
+from ckptfs.layout import GEN_DIR, GROUPS, QUARANTINE
+from ckptfs.records import FileRecord
 
 OP = "group_rollback"
 

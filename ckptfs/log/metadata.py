@@ -31,9 +31,18 @@ import struct
 import zlib
 from dataclasses import dataclass, field
 
-from . import META_DIR
-from .journal import FORMAT, MAX_FRAME, SNAPSHOT, CorruptMetadata, Journal, JournalState, decode_frames, read_whole
-from .records import FileRecord
+from ckptfs import META_DIR
+from ckptfs.log.journal import (
+    FORMAT,
+    MAX_FRAME,
+    SNAPSHOT,
+    CorruptMetadata,
+    Journal,
+    JournalState,
+    decode_frames,
+    read_whole,
+)
+from ckptfs.records import FileRecord
 
 _HDR = struct.Struct("<II")
 

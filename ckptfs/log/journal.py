@@ -29,10 +29,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import META_DIR, crashpoints
-from .backing import BackingStore
-from .layout import SNAPSHOT, STAGING  # noqa: F401 (re-exported)
-from .records import FileRecord
+from ckptfs import META_DIR, crashpoints
+from ckptfs.backing import BackingStore
+from ckptfs.layout import SNAPSHOT, STAGING
+from ckptfs.records import FileRecord
 
 FORMAT = 1
 _HDR = struct.Struct("<II")

@@ -37,9 +37,9 @@ from dataclasses import asdict, dataclass
 
 import blake3
 
-from . import META_DIR
-from .backing import BackingStore
-from .records import FileRecord
+from ckptfs import META_DIR
+from ckptfs.backing import BackingStore
+from ckptfs.records import FileRecord
 
 Progress = Callable[[int], None]  # called with the number of bytes just hashed
 
@@ -200,28 +200,21 @@ def load_offline(store: BackingStore) -> OfflineState:
     (install: the path has the intent's inode).  Untrusted metadata is reported
     in ``problems`` and skipped, never raised.
     """
-    from .journal import Journal
-    from .metadata import load_trusted
-    from .recovery import apply_entry
+    from ckptfs.engine.replay import replay
+    from ckptfs.log.journal import Journal
+    from ckptfs.log.metadata import load_trusted
 
-    loaded = load_trusted(Journal(store))
-    files, gens, problems = loaded.state.files, loaded.generations, list(loaded.problems)
-    from .generations import apply_gen_entry
+    def completed(e: dict) -> bool:  # the in-flight intent counts only if the disk shows it done
+        return e.get("op") != "install" or store.lstat(e["path"]).st_ino == FileRecord.from_json(e["rec"]).ino
 
-    ops = [e for e in loaded.state.entries if e.get("op") != "abort"]
-    for n, e in enumerate(ops):
-        if n == len(ops) - 1 and e.get("op") == "install":
-            try:
-                rec = FileRecord.from_json(e["rec"])
-                if store.lstat(e["path"]).st_ino != rec.ino:
-                    continue
-            except (OSError, KeyError, ValueError, TypeError):
-                continue
+    def last_done(e: dict) -> bool:
         try:
-            apply_entry(files, e)
-            apply_gen_entry(gens, e)
-        except (KeyError, ValueError, TypeError, AttributeError) as err:
-            problems.append(f"journal entry {n} untrusted ({err!r}); skipped")
+            return completed(e)
+        except OSError:
+            return False
+
+    r = replay(load_trusted(Journal(store)), last=last_done)
+    files, gens, problems = r.files, r.gens, r.problems
     return OfflineState(files, gens, problems)
 
 

@@ -53,10 +53,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .backing import BackingStore
-from .generations import GenEntry, Generations
-from .records import FileRecord
-from .verify import Finding, RateLimiter, check_chunk, check_identity, chunk_count, verify_fd
+from ckptfs.backing import BackingStore
+from ckptfs.engine.generations import GenEntry, Generations
+from ckptfs.integrity.verify import Finding, RateLimiter, check_chunk, check_identity, chunk_count, verify_fd
+from ckptfs.records import FileRecord
 
 log = logging.getLogger("ckptfs.integrity")
 

@@ -1,0 +1,162 @@
+"""The one replay of the journal over its snapshot: committed records, groups, kept generations.
+
+Used by recovery (at mount), by the offline verifier (``ckptfs verify`` on an unmounted directory)
+and by the offline group listing (``ckptfs ls`` unmounted).  They differ only in what they do with
+the journal's last entry, which may be the one in flight when the daemon stopped (I2: at most one
+intent is in flight), so that is an explicit argument, ``last``:
+
+* ``"apply"``: apply it like every other entry (the state is a hint: untrusted metadata, a listing);
+* ``"hold"``: leave it out and return it as :attr:`Replayed.held` (recovery finishes or drops it on
+  disk first, then calls :meth:`Replayed.apply`);
+* a predicate: apply it only if ``last(entry)`` is true (the offline verifier checks the disk).
+
+Abort entries are collected, never applied.  An entry that does not parse is reported in
+``problems`` and skipped, never raised (bad metadata loses nothing that is still on disk).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ckptfs.engine.generations import apply_gen_entry
+from ckptfs.engine.rollback import OP as ROLLBACK
+from ckptfs.engine.rollback import apply_rollback_state
+from ckptfs.engine.seals import OPEN, SEALED, TRASHED, GroupState
+from ckptfs.layout import drop_prefix, move_prefix
+from ckptfs.log.metadata import Loaded
+from ckptfs.records import FileRecord
+
+Last = Literal["apply", "hold"] | Callable[[dict], bool]
+PARSE_ERRORS = (KeyError, ValueError, TypeError, AttributeError)
+
+
+@dataclass
+class Replayed:
+    files: dict[str, FileRecord]
+    groups: dict[str, GroupState]
+    gens: dict[str, list[dict]]  # path -> kept generations (raw; engine/generations.reconcile checks them)
+    aborts: list[dict]
+    problems: list[str] = field(default_factory=list)
+    held: dict | None = None  # the last entry, when ``last="hold"``
+    applied: int = 0
+
+    def apply(self, e: dict) -> None:
+        """Apply one entry to the records, groups and generations."""
+        apply_entry(self.files, e, self.groups)
+        apply_gen_entry(self.gens, e)
+        self.applied += 1
+
+
+def load_groups(raw: dict[str, dict], problems: list[str]) -> dict[str, GroupState]:
+    out: dict[str, GroupState] = {}
+    for p, g in raw.items():
+        try:
+            out[p] = GroupState.from_json(g)
+        except (TypeError, ValueError) as e:
+            problems.append(f"snapshot group record for {p!r} untrusted ({e}); group forgotten")
+    return out
+
+
+def replay(loaded: Loaded, last: Last = "apply") -> Replayed:
+    """Snapshot + journal of ``loaded`` (log/metadata.load_trusted) replayed in memory."""
+    st = loaded.state
+    problems = list(loaded.problems)
+    r = Replayed(files=st.files, groups=load_groups(st.groups, problems), gens=loaded.generations,
+                 aborts=list(st.aborts), problems=problems)
+    ops = []
+    for e in st.entries:
+        (r.aborts if e.get("op") == "abort" else ops).append(e)
+    for n, e in enumerate(ops):
+        if n == len(ops) - 1 and last != "apply":
+            if last == "hold":
+                r.held = e
+                break
+            try:
+                if not last(e):  # type: ignore[operator]
+                    break
+            except PARSE_ERRORS:
+                break
+        try:
+            r.apply(e)
+        except PARSE_ERRORS as err:
+            r.problems.append(f"journal entry {n} untrusted ({err!r}); skipped")
+    return r
+
+
+def apply_entry(files: dict[str, FileRecord], e: dict, groups: dict[str, GroupState] | None = None) -> None:
+    """Apply a completed journal entry to the record map (and the group map)."""
+    op = e["op"]
+    if groups is not None:
+        apply_group_entry(files, groups, e)
+    if op == "install":
+        files[e["path"]] = FileRecord.from_json(e["rec"])
+    elif op == "unlink":
+        files.pop(e["path"], None)
+    elif op == "rename":
+        drop_prefix(files, e["dst"])
+        move_prefix(files, e["src"], e["dst"])
+    elif op in ("symlink", "mknod"):
+        files.pop(e["path"], None)
+    elif op == "link":
+        if e["src"] in files:
+            files[e["dst"]] = files[e["src"]]
+
+
+def apply_group_entry(files: dict[str, FileRecord], groups: dict[str, GroupState], e: dict) -> None:
+    op = e["op"]
+    if op == "group_open":
+        prev = groups.get(e["path"])
+        if prev is not None and prev.id and prev.id == e.get("id") and prev.state in (OPEN, SEALED):
+            prev.state, prev.late = OPEN, bool(e.get("late", False))  # reopened after its seal (G10)
+            prev.tentative, prev.rule = bool(e.get("tentative", False)), e.get("rule", prev.rule)  # evidence came
+            return
+        groups[e["path"]] = GroupState(path=e["path"], rule=e["rule"], id=e.get("id", ""), state=OPEN,
+                                       created_at=float(e.get("time", 0)), step=e.get("step"),
+                                       tentative=bool(e.get("tentative", False)))
+    elif op == "group_seal":
+        g = groups.get(e["path"])
+        if g is not None:
+            g.state, g.manifest_blake3 = SEALED, e["manifest"]
+            g.marker = str(e.get("marker", g.marker))
+            g.sealed_at, g.files, g.bytes = float(e.get("time", 0)), int(e.get("files", 0)), int(e.get("bytes", 0))
+            g.reason = ""
+    elif op in ("group_quarantine", "group_retire"):
+        g = groups.get(e["path"])
+        if g is not None:
+            g.state = e.get("state", TRASHED)
+            g.moved_to, g.reason = e["to"], e.get("reason", "")
+            if g.state == TRASHED:
+                del groups[e["path"]]
+        drop_prefix(files, e["path"])
+        groups_keys_under = [k for k in groups if k.startswith(e["path"] + "/")]
+        for k in groups_keys_under:
+            del groups[k]
+    elif op == ROLLBACK:
+        apply_rollback_state(files, groups, e)
+    elif op == "group_forget":
+        groups.pop(e["path"], None)
+    elif op == "group_restore":
+        g = groups.get(e["path"])
+        if g is not None and g.state == TRASHED:
+            move_prefix(files, g.moved_to, g.path)
+            g.state, g.moved_to, g.reason = SEALED, "", ""
+    elif op == "group_trash":
+        g = groups.get(e["path"])
+        if g is not None:
+            g.state, g.moved_to = TRASHED, e["to"]
+            g.reason = "deleted while a newer group was still open"
+    elif op == "rename":
+        live = {k: v for k, v in groups.items() if v.state in (OPEN, SEALED)}
+        for k in live:
+            del groups[k]
+        drop_prefix(live, e["dst"])
+        move_prefix(live, e["src"], e["dst"])
+        for k, g in live.items():
+            g.path = k
+            groups[k] = g
+    elif op == "rmdir":
+        g = groups.get(e["path"])
+        if g is not None and g.state in (OPEN, SEALED):
+            del groups[e["path"]]

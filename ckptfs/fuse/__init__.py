@@ -1,0 +1,1 @@
+"""FUSE adapters over the facade (mfusepy today) and the kernel page-cache rule."""

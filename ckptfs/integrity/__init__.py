@@ -1,0 +1,1 @@
+"""Verification of committed files: whole-file and chunk checks, verify-on-read, scrub."""

@@ -1,0 +1,1 @@
+"""The metadata log: the intent journal, trusted loading and replay."""
