@@ -33,28 +33,51 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ckptfs import META_DIR, __version__, events, exits, procinfo
+from ckptfs import META_DIR, __version__, events, exits, procinfo, status
 from ckptfs.backing import BackingStore
+from ckptfs.engine import staged
 from ckptfs.engine.commit import CommitEngine
 from ckptfs.engine.generations import Generations
 from ckptfs.engine.groups import GroupEngine
 from ckptfs.engine.seals import CORRUPT, OPEN, SEALED, GroupState, SealError, read_seal
 from ckptfs.engine.staged import Handle, Version
 from ckptfs.inodes import InodeMap
-from ckptfs.integrity.reads import CONTROL_XATTR, Integrity
+from ckptfs.integrity.reads import Integrity
 from ckptfs.layout import COMMITTED_VIEW, move_prefix, parent
 from ckptfs.log.journal import COMPACT_EVERY, STAGING, Journal
 from ckptfs.records import FileRecord
 from ckptfs.recovery import recover
 from ckptfs.rules import RuleSet
+from ckptfs.status import (
+    PREFIX,
+    VALUE_MAX,
+    X_ABORTS,
+    X_ATTRS,
+    X_BACKING,
+    X_BLAKE3,
+    X_COMMIT_MODE,
+    X_COMMITTED_AT,
+    X_CONTROL,
+    X_ERROR,
+    X_GC,
+    X_GENERATION,
+    X_GROUP,
+    X_GROUPS,
+    X_LAST_ABORT,
+    X_LINEAGE,
+    X_MANIFEST_FILES,
+    X_PID,
+    X_RULES,
+    X_SEAL,
+    X_SIZE,
+    X_STATS,
+    X_STATUS,
+    X_VERSION,
+)
 
 log = logging.getLogger("ckptfs")
 
 ENODATA = getattr(errno, "ENODATA", getattr(errno, "ENOATTR", 61))
-XATTR_PREFIX = "user.ckptfs."
-XATTR_VALUE_MAX = 60000  # Linux caps an xattr value at 64 KiB
-CONTROL_SEAL = "user.ckptfs.seal"  # setfattr on a directory: seal it as a group now
-CONTROL_GC = "user.ckptfs.gc"  # setfattr on the root: delete quarantined groups
 WRITEBACK_WINDOW = 8 << 20  # staged data is pushed to disk in windows of this size while written
 
 
@@ -465,7 +488,7 @@ class CkptFS:
         except OSError:
             return
         for n in names:
-            if n == "security.capability" or n.startswith(XATTR_PREFIX):
+            if n == "security.capability" or n.startswith(PREFIX):
                 continue
             try:
                 self.store.fsetxattr(dst, n, self.store.fgetxattr(src, n))
@@ -500,7 +523,7 @@ class CkptFS:
         v = self._new_version_like(path, mode, caller)
         with self.lock:
             old = self.pending.get(path)
-            if old is not None and old.state == "open":
+            if old is not None and old.state == staged.OPEN:
                 old.unlinked = True  # superseded: never installed
             self.pending[path] = v
             v.refs = v.writers = 1
@@ -524,7 +547,7 @@ class CkptFS:
             nv = self._new_version_like(path, 0, caller)
             with self.lock:
                 v = self._visible(path)
-                if v is not None and v.state == "open":
+                if v is not None and v.state == staged.OPEN:
                     v.unlinked = True
                 self.pending[path] = nv
                 nv.refs = nv.writers = 1
@@ -592,13 +615,13 @@ class CkptFS:
 
         The clone is made outside ``lock`` (it may copy gigabytes)."""
         v = h.version
-        if v is not None and v.state == "open":
+        if v is not None and v.state == staged.OPEN:
             return v
         if h.path not in self.hidden:  # a write to an unlinked file changes no group
             self.grp.note_write(h.path, caller.pid)
         with h.lock:
             v = h.version
-            if v is not None and v.state == "open":
+            if v is not None and v.state == staged.OPEN:
                 return v
             if v is not None:
                 nv = self._new_version(h.path, 0, caller, src=v, like=self.store.fstat(v.fd), xattrs_from=v.fd)
@@ -619,7 +642,7 @@ class CkptFS:
                     nv.unlinked = True  # written after its name was unlinked: never installed
                 else:
                     cur = self.pending.get(h.path)
-                    if cur is not None and cur is not v and cur.state == "open":
+                    if cur is not None and cur is not v and cur.state == staged.OPEN:
                         cur.unlinked = True
                     self.pending[h.path] = nv
                 nv.refs = nv.writers = 1
@@ -675,7 +698,7 @@ class CkptFS:
         if v is None:
             return False
         with v.lock:
-            if v.state != "open":
+            if v.state != staged.OPEN:
                 return False
             try:
                 change(v)
@@ -718,7 +741,7 @@ class CkptFS:
     def flush(self, fh: int, caller: Caller = NOBODY) -> None:
         h = self._handle(fh)
         v = h.version
-        if not h.writable or v is None or v.state != "open" or not v.dirty:
+        if not h.writable or v is None or v.state != staged.OPEN or not v.dirty:
             return
         if v.doomed:
             # the errno of the failed write (ENOSPC stays ENOSPC at close), else EIO
@@ -753,7 +776,7 @@ class CkptFS:
             return
         if v.doomed:  # a write failed: never committed, and every fsync says so (never success after EIO)
             raise _err(v.doomed_errno or errno.EIO, f"ckptfs: {v.path} not committed: {v.doomed}")
-        if (v.state == "open" and v.dirty and not v.unlinked) or v.state in ("queued", "committing"):
+        if (v.state == staged.OPEN and v.dirty and not v.unlinked) or v.state in (staged.QUEUED, staged.COMMITTING):
             # fsync of a file still open for writing installs it as a committed version, durable, like
             # a close does; a known-format file that is not complete yet (its writer fsyncs half-way)
             # is not refused here: its staged bytes are made durable, the version stays open, and the
@@ -795,7 +818,7 @@ class CkptFS:
             v.refs -= 1
             if h.writable:
                 v.writers -= 1
-            if v.state == "open" and v.writers == 0:
+            if v.state == staged.OPEN and v.writers == 0:
                 if v.unlinked:
                     drop = self.commit.retire(v)
                 elif v.doomed:
@@ -1079,7 +1102,7 @@ class CkptFS:
                     move_prefix(self.records, old, new)
                     self.gens.on_rename(old, new, keep)
                 displaced = self.pending.get(new)
-                if displaced is not None and displaced.state == "open":
+                if displaced is not None and displaced.state == staged.OPEN:
                     displaced.unlinked = True
                     self.commit.unlist(displaced)  # the renamed file is what the path shows now
                 for table in (self.pending, self.queued):
@@ -1132,89 +1155,72 @@ class CkptFS:
     def _status_attrs(self, path: str) -> dict[str, str]:
         if path == "":
             return {
-                "user.ckptfs.version": __version__,
-                "user.ckptfs.pid": str(os.getpid()),
-                "user.ckptfs.commit_mode": self.commit_mode,
-                "user.ckptfs.backing": self.backing_label,
-                "user.ckptfs.stats": json.dumps(dict(self.stats), sort_keys=True),
-                "user.ckptfs.aborts": json.dumps(list(self.aborts)[-10:]),
-                "user.ckptfs.rules": json.dumps({"source": self.rules.source, "keep_last": self.rules.keep_last,
-                                                 "keep_every": self.rules.keep_every,
-                                                 "idle_seal_seconds": self.rules.idle_seconds}),
-                "user.ckptfs.groups": self.grp.groups_json_attr(path),
+                X_VERSION: __version__,
+                X_PID: str(os.getpid()),
+                X_COMMIT_MODE: self.commit_mode,
+                X_BACKING: self.backing_label,
+                X_STATS: json.dumps(dict(self.stats), sort_keys=True),
+                X_ABORTS: json.dumps(list(self.aborts)[-10:]),
+                X_RULES: json.dumps({"source": self.rules.source, "keep_last": self.rules.keep_last,
+                                     "keep_every": self.rules.keep_every,
+                                     "idle_seal_seconds": self.rules.idle_seconds}),
+                X_GROUPS: self.grp.groups_json_attr(path),
                 **self.integrity.root_attrs(),
             }
         out: dict[str, str] = {}
         g = self.groups.get(path)
         if g is not None and g.state in (OPEN, SEALED) and not g.tentative:
-            out["user.ckptfs.status"] = CORRUPT if g.corrupt else g.state
-            out["user.ckptfs.group"] = json.dumps(self.grp.group_summary(g), sort_keys=True)
+            out[X_STATUS] = CORRUPT if g.corrupt else g.state
+            out[X_GROUP] = json.dumps(self.grp.group_summary(g), sort_keys=True)
             if g.state == SEALED:
                 try:
                     manifest = read_seal(self.store, g.id)[0]
-                    out["user.ckptfs.lineage"] = json.dumps(manifest.get("lineage"))
+                    out[X_LINEAGE] = json.dumps(manifest.get("lineage"))
                     names = json.dumps(sorted(manifest["files"]))
-                    if len(names) < XATTR_VALUE_MAX:  # else: `ckptfs show` on the unmounted directory
-                        out["user.ckptfs.manifest_files"] = names
+                    if len(names) < VALUE_MAX:  # else: `ckptfs show` on the unmounted directory
+                        out[X_MANIFEST_FILES] = names
                 except (SealError, OSError) as e:
-                    out["user.ckptfs.error"] = f"seal unreadable: {e}"
+                    out[X_ERROR] = f"seal unreadable: {e}"
             return out
         if self._visible(path) is None and stat.S_ISDIR(self.store.lstat(path).st_mode):
-            out["user.ckptfs.groups"] = self.grp.groups_json_attr(path)
+            out[X_GROUPS] = self.grp.groups_json_attr(path)
             if (self.rules.dir_rule(os.path.basename(path)) is not None and self.grp.group_of(path) is None
                     and not self.grp.groupable(path)):
                 # named like a checkpoint, never a group, holding files written past ckptfs (while unmounted)
-                out["user.ckptfs.status"] = "untracked"
+                out[X_STATUS] = status.UNTRACKED
             return out
         v = self._visible(path)
         rec = self.records.get(path)
         if v is not None:
-            out["user.ckptfs.status"] = "staging"
+            out[X_STATUS] = status.STAGING
         elif rec is not None:
-            out["user.ckptfs.status"] = "committed"
+            out[X_STATUS] = status.COMMITTED
         elif stat.S_ISREG(self.store.lstat(path).st_mode):
-            out["user.ckptfs.status"] = "untracked"
+            out[X_STATUS] = status.UNTRACKED
         if v is None and rec is not None:
             out.update({
-                "user.ckptfs.blake3": rec.blake3,
-                "user.ckptfs.size": str(rec.size),
-                "user.ckptfs.generation": str(rec.generation),
-                "user.ckptfs.committed_at": rec.committed_iso(),
+                X_BLAKE3: rec.blake3,
+                X_SIZE: str(rec.size),
+                X_GENERATION: str(rec.generation),
+                X_COMMITTED_AT: rec.committed_iso(),
             })
         if path in self.last_abort:
-            out["user.ckptfs.last_abort"] = self.last_abort[path]
+            out[X_LAST_ABORT] = self.last_abort[path]
         if v is None:
             out.update(self.integrity.file_attrs(path))  # status=corrupt, error, verified, rollback
         return out
 
-    ALL_ATTRS = "user.ckptfs.attrs"  # every status attribute of a path, as one JSON object
-
     def _visible_attrs(self, path: str, caller: Caller) -> dict[str, str]:
-        """Status attributes of ``path`` as ``caller`` may see them.
-
-        The root's aggregate attributes name files anywhere under the mount; a caller other than
-        root or the mount root's owner (``--allow-other``) sees only entries about paths whose
-        directory it may read (``_may_read_dir``).  The kernel (default_permissions) has already
-        checked the caller may read ``path`` itself."""
+        """Status attributes of ``path`` as ``caller`` may see them (status.for_caller).  The kernel
+        (default_permissions) has already checked the caller may read ``path`` itself."""
         attrs = self._status_attrs(path)
-        if path != "" or caller.uid == 0 or caller is NOBODY:
-            return attrs
-        try:
-            if self.store.lstat("").st_uid == caller.uid:
-                return attrs
-        except OSError:
-            pass
-        for name in ("user.ckptfs.aborts", "user.ckptfs.corrupt"):
-            if name in attrs:
-                try:
-                    events = json.loads(attrs[name])
-                    attrs[name] = json.dumps([e for e in events if isinstance(e, dict)
-                                              and self._may_read_dir(parent(str(e.get("path", ""))), caller)])
-                except ValueError:
-                    attrs[name] = "[]"
-        for name in ("user.ckptfs.metadata", "user.ckptfs.scrub"):
-            attrs.pop(name, None)  # daemon-wide detail (metadata problems, scrub findings): root only
-        return attrs
+        privileged = caller.uid == 0 or caller is NOBODY
+        if path == "" and not privileged:
+            try:
+                privileged = self.store.lstat("").st_uid == caller.uid
+            except OSError:
+                pass
+        return status.for_caller(attrs, path, privileged, lambda d: self._may_read_dir(d, caller))
 
     def _may_read_dir(self, d: str, caller: Caller) -> bool:
         """Whether ``caller`` may list directory ``d`` and search every directory above it."""
@@ -1244,10 +1250,10 @@ class CkptFS:
         if is_view(path):
             path = self._view_real(path)
         self._check_visible(path)
-        if name.startswith(XATTR_PREFIX):
+        if name.startswith(PREFIX):
             attrs = self._visible_attrs(path, caller)
-            if name == self.ALL_ATTRS:
-                return json.dumps(attrs, sort_keys=True).encode()
+            if name == X_ATTRS:
+                return status.as_json(attrs)
             if name not in attrs:
                 raise _err(ENODATA)
             return attrs[name].encode()
@@ -1263,7 +1269,7 @@ class CkptFS:
             path = self._view_real(path)
         self._check_visible(path)
         try:
-            return [n for n in self.store.listxattr(self._attr_target(path)) if not n.startswith(XATTR_PREFIX)]
+            return [n for n in self.store.listxattr(self._attr_target(path)) if not n.startswith(PREFIX)]
         except OSError as e:
             if e.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
                 return []
@@ -1272,26 +1278,26 @@ class CkptFS:
     def setxattr(self, path: str, name: str, value: bytes, flags: int, caller: Caller = NOBODY) -> None:
         path = self.norm(path)
         self._check_visible(path)
-        if name == CONTROL_SEAL:
+        if name == X_SEAL:
             self.grp.seal(path, caller.pid)
             return
-        if name == CONTROL_GC and path == "":
+        if name == X_GC and path == "":
             if caller is not NOBODY and caller.uid != 0 and self.store.lstat("").st_uid != caller.uid:
                 raise _err(errno.EPERM, "ckptfs: gc deletes quarantined groups anywhere in the mount: "
                                         "root or the mount's owner only")
             self.grp.gc()
             return
-        if name == CONTROL_XATTR:
+        if name == X_CONTROL:
             self.integrity.control(path, value)  # verify / scrub on demand (integrity.py)
             return
-        if name.startswith(XATTR_PREFIX):
+        if name.startswith(PREFIX):
             raise _err(errno.EPERM, f"ckptfs: {name} is a read-only status attribute")
         self.store.setxattr(self._attr_target(path), name, value, flags)
 
     def removexattr(self, path: str, name: str) -> None:
         path = self.norm(path)
         self._check_visible(path)
-        if name.startswith(XATTR_PREFIX):
+        if name.startswith(PREFIX):
             raise _err(ENODATA)  # virtual: never stored, so nothing to remove
         self.store.removexattr(self._attr_target(path), name)
 

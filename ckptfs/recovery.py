@@ -2,29 +2,27 @@
 
 Algorithm (idempotent; a crash at any step is repaired by running it again):
 
-1. Load the snapshot and the journal tail (torn tail frames are dropped).
-2. Every intent except the last one completed durably before the next intent
-   was appended (single in-flight invariant, see journal.py): replay it into
-   the record map.
-3. Finish the last intent if its effect can be completed from durable state
-   (roll forward), otherwise drop it (the path keeps its previous version).
+1. Load the snapshot and the journal tail (log/metadata.py: torn tail frames are dropped, damaged
+   parts are never trusted).
+2. Replay (engine/replay.py) every intent except the last one: each completed durably before the
+   next intent was appended (single in-flight invariant, I2), so it goes into the record map.
+3. Finish the last intent if its effect can be completed from durable state (roll forward),
+   otherwise drop it (the path keeps its previous version).
 4. Delete all staging debris: no staged file is referenced any more.
-5. Reconcile records with the files on disk (offline changes, see
-   :func:`classify`): a record is dropped if its file vanished or was replaced
-   by a *new* file; it is kept (and verification will flag the file) if the
-   committed inode was changed in place or now sits at another committed path.
-6. Reconcile kept generations (generations.py) the same way.
-6. Settle groups (groups.py): a group still open was torn by the crash and is
-   moved into quarantine; a sealed group whose COMMIT/manifest does not verify
-   or whose files are missing is corrupt and quarantined too; retired groups'
-   trash is purged.  Every move has a deterministic target, so a crash during
-   this step is finished by the next run.
+5. Reconcile records with the files on disk (offline changes, see :func:`classify`): a record is
+   dropped if its file vanished or was replaced by a *new* file; it is kept (and verification will
+   flag the file) if the committed inode was changed in place or now sits at another committed path.
+6. Reconcile kept generations (engine/generations.py) the same way.
+7. Settle groups (:func:`settle_groups`): a group still open was torn by the crash and is moved into
+   quarantine (or rolled back to its seal, G11); a sealed group whose COMMIT/manifest does not
+   verify or whose files are missing is corrupt and quarantined too; deletions stopped half-way
+   are finished or undone (G9).  Every move has a deterministic target, so a crash during this step
+   is finished by the next run.
 8. Compact: write a fresh snapshot (new epoch) and retire the journal.
 
-Damaged metadata (metadata.py) is never trusted and never raises: with a
-corrupt snapshot or a journal corrupt before its tail, journal entries are
-only hints (no roll-forward of the last intent, which might be stale), kept
-only where step 5 confirms them on disk.
+Damaged metadata is never trusted and never raises: with a corrupt snapshot or a journal corrupt
+before its tail, journal entries are only hints (no roll-forward of the last intent, which might
+be stale), kept only where step 5 confirms them on disk.
 """
 
 from __future__ import annotations
@@ -210,9 +208,9 @@ def _settle_trashed(store: BackingStore, files: dict[str, FileRecord], groups: d
     for path, g in list(groups.items()):
         if g.state != TRASHED:
             continue
-        key = (g.step if g.step is not None else -1, g.sealed_at)
+        key = g.order
         newer = any(s.state == SEALED and parent(s.path) == parent(path)
-                    and (s.step if s.step is not None else -1, s.sealed_at) > key for s in groups.values())
+                    and s.order > key for s in groups.values())
         if newer:
             del groups[path]
             drop_prefix(files, g.moved_to)
@@ -379,7 +377,7 @@ def classify(path: str, rec: FileRecord, st: os.stat_result | None, owner: dict[
       legitimately (ckptfs installs by rename), so any difference is corruption
       and verification reports it.  An offline in-place rewrite (``open(O_TRUNC)``
       on the unmounted directory) cannot be told apart and is reported too
-      (safe direction); ``ckptfs recover --forget PATH`` accepts it;
+      (safe direction); ``ckptfs forget DIR PATH`` (unmounted) accepts it;
     * another committed path's inode -> ``suspect`` (swapped or moved: corruption);
     * any other inode -> ``drop``: replaced by a new file while unmounted (the
       atomic write-then-rename every careful writer does); it is untracked.

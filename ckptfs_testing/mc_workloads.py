@@ -2,17 +2,18 @@
 
 A :class:`~ckptfs_testing.modelcheck.Workload` is a function driving CkptFS through a
 :class:`~ckptfs_testing.modelcheck.Driver` plus a list of invariants on the recovered
-visible tree.  New workloads (e.g. checkpoint groups with manifest + COMMIT,
-issue 3) plug in by adding a builder to :data:`WORKLOADS` and, where needed,
-an invariant such as :func:`group_whole`.
+visible tree.  The workloads (:data:`WORKLOADS`): single files, overwrites, checkpoint groups
+sealed by a marker (HF), DCP steps, a pointer rotation, files added after a seal, and re-saves of a
+sealed group (rollback); a new one plugs in by adding a builder there and, where needed, an
+invariant such as :func:`group_whole`.
 
 Every file written is a real ``torch.save`` archive (``.pt``), JSON, or opaque
 bytes (DCP-like ``.distcp`` shards), so ckptfs's format checks run as in
 production.  Versions of one path have equal sizes where possible, so a record
 describing the wrong version cannot hide behind a size mismatch.
 
-:class:`BadCkptFS` is test-only: the real protocol with one deliberate defect
-(``variant``), which the checker must catch.
+:class:`BadCommit` is test-only: the real commit path with one install step (or the namespace
+op) overridden by a deliberate defect (``variant``), which the checker must catch.
 """
 
 from __future__ import annotations

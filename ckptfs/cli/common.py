@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from ckptfs import META_DIR
 from ckptfs.mounts import is_ckptfs_mount
+from ckptfs.status import X_PID
 
 __all__ = ["CliError", "Where", "daemon_pid", "find_backing_root", "find_mount_root", "fusermount",
            "is_ckptfs_mount", "locate"]
@@ -39,7 +40,7 @@ def fusermount(path: str, lazy: bool = False) -> subprocess.CompletedProcess:
 
 def daemon_pid(path: str) -> int | None:
     try:
-        return int(os.getxattr(path, "user.ckptfs.pid"))
+        return int(os.getxattr(path, X_PID))
     except (OSError, ValueError, AttributeError):
         return None
 

@@ -23,6 +23,7 @@ from ckptfs.engine.seals import CORRUPT, OPEN, SEALED, TORN, GroupState, SealErr
 from ckptfs.layout import parent
 from ckptfs.log.journal import Journal
 from ckptfs.log.metadata import load_trusted
+from ckptfs.status import PREFIX, X_ATTRS, X_BLAKE3, X_GC, X_GROUPS, X_SEAL, X_STATUS
 
 
 def offline_groups(root: str) -> tuple[dict[str, Any], dict[str, GroupState]]:
@@ -63,7 +64,7 @@ def list_groups(w: Where) -> list[dict[str, Any]]:
     d = os.path.join(w.root, w.rel)
     if w.mounted:
         try:
-            return json.loads(os.getxattr(d, "user.ckptfs.groups"))
+            return json.loads(os.getxattr(d, X_GROUPS))
         except OSError as e:
             raise CliError(f"{d}: cannot read group list: {e.strerror}", 1) from None
     _, groups = offline_groups(w.root)
@@ -107,8 +108,8 @@ def cmd_show(a: argparse.Namespace) -> int:
     if w.mounted:
         p = os.path.join(w.root, w.rel)
         try:
-            attrs = {k.removeprefix("user.ckptfs."): v
-                     for k, v in json.loads(os.getxattr(p, "user.ckptfs.attrs")).items()}
+            attrs = {k.removeprefix(PREFIX): v
+                     for k, v in json.loads(os.getxattr(p, X_ATTRS)).items()}
         except OSError as e:
             raise CliError(f"{p}: cannot read its status: {e.strerror}", 1) from None
         if "group" not in attrs:  # a file or an ordinary directory: its status attributes
@@ -144,8 +145,8 @@ def cmd_seal(a: argparse.Namespace) -> int:
     if not w.mounted:
         raise CliError(f"{p}: not mounted; sealing needs the daemon (mount it, or it stays as it is)")
     try:
-        os.setxattr(p, "user.ckptfs.seal", b"1")
-        status = os.getxattr(p, "user.ckptfs.status").decode()
+        os.setxattr(p, X_SEAL, b"1")
+        status = os.getxattr(p, X_STATUS).decode()
     except OSError as e:
         raise CliError(f"{p}: seal failed: {e.strerror}", 1) from None
     print(f"ckptfs: {p}: {status}")
@@ -156,7 +157,7 @@ def cmd_gc(a: argparse.Namespace) -> int:
     w = locate(a.dir)
     if w.mounted:
         try:
-            os.setxattr(w.root, "user.ckptfs.gc", b"1")
+            os.setxattr(w.root, X_GC, b"1")
         except OSError as e:
             raise CliError(f"{w.root}: gc failed: {e.strerror}", 1) from None
         print(f"ckptfs: gc done on {w.root}")
@@ -220,7 +221,7 @@ def verify_group_offline(root: str, g: GroupState, out: list[str]) -> int:
 def verify_group_mounted(root: str, rel: str, out: list[str]) -> int:
     """Read every file of a sealed group through the mount and compare with its committed digest."""
     gdir = os.path.join(root, rel)
-    status = os.getxattr(gdir, "user.ckptfs.status").decode()
+    status = os.getxattr(gdir, X_STATUS).decode()
     if status != SEALED:
         out.append(f"{rel}: group is {status}, not sealed")
         return 0
@@ -230,7 +231,7 @@ def verify_group_mounted(root: str, rel: str, out: list[str]) -> int:
             p = os.path.join(dirpath, name)
             n += 1
             try:
-                want = os.getxattr(p, "user.ckptfs.blake3").decode()
+                want = os.getxattr(p, X_BLAKE3).decode()
             except OSError:
                 out.append(f"{os.path.relpath(p, root)}: no committed digest")
                 continue
@@ -253,7 +254,7 @@ def cmd_verify_groups(a: argparse.Namespace) -> int:
     if w.mounted:
         p = os.path.join(w.root, rel)
         try:
-            is_group = os.getxattr(p, "user.ckptfs.status").decode() in (OPEN, SEALED)
+            is_group = os.getxattr(p, X_STATUS).decode() in (OPEN, SEALED)
         except OSError:
             is_group = False
         targets = [rel] if is_group else [g["path"] for g in list_groups(w) if g["state"] == SEALED]

@@ -37,8 +37,9 @@ from ckptfs.integrity.verify import (
     untracked_files,
     verify_many,
 )
+from ckptfs.status import X_CONTROL, X_ERROR, X_SCRUB, X_STATUS
 
-CONTROL = b"user.ckptfs.control"
+CONTROL = X_CONTROL.encode()
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -138,7 +139,7 @@ def _mounted(path: str, progress: bool, as_json: bool) -> int:
     for f, size in files:
         bar.set_label(f)
         try:
-            status = os.getxattr(f, "user.ckptfs.status").decode()
+            status = os.getxattr(f, X_STATUS).decode()
         except OSError:
             status = "untracked"
         if status not in ("committed", "corrupt"):
@@ -151,7 +152,7 @@ def _mounted(path: str, progress: bool, as_json: bool) -> int:
             findings.append(Finding(f, True))
         except OSError as e:
             try:
-                detail = os.getxattr(f, "user.ckptfs.error").decode()
+                detail = os.getxattr(f, X_ERROR).decode()
             except OSError:
                 detail = str(e)
             findings.append(Finding(f, False, "corrupt", "daemon", detail))
@@ -176,14 +177,14 @@ def cmd_scrub(a: argparse.Namespace) -> int:
     root = find_mount_root(d)
     if root is None:
         return _offline(d, a.rate, a.progress, a.json)
-    before = json.loads(os.getxattr(root, "user.ckptfs.scrub"))
+    before = json.loads(os.getxattr(root, X_SCRUB))
     t0 = time.time()
     os.setxattr(root, CONTROL, b"scrub")
     if not a.wait:
         print(f"ckptfs: background scrub of {root} started (see: ckptfs status {root})")
         return 0
     while True:
-        info = json.loads(os.getxattr(root, "user.ckptfs.scrub"))
+        info = json.loads(os.getxattr(root, X_SCRUB))
         if info.get("state") == "idle" and info.get("finished", 0) >= t0 and info != before:
             break
         time.sleep(0.1)

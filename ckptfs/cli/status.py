@@ -8,6 +8,7 @@ import os
 
 from ckptfs.backing import OsBackingStore
 from ckptfs.cli.common import CliError, is_ckptfs_mount
+from ckptfs.status import PREFIX, X_ATTRS
 
 
 def cmd_status(a: argparse.Namespace) -> int:
@@ -15,8 +16,8 @@ def cmd_status(a: argparse.Namespace) -> int:
     if not os.path.isdir(d):
         raise CliError(f"{d}: no such directory")
     if is_ckptfs_mount(d):
-        attrs = json.loads(os.getxattr(d, "user.ckptfs.attrs"))  # status attributes are never listed
-        out = {k.removeprefix("user.ckptfs."): v for k, v in attrs.items()}
+        attrs = json.loads(os.getxattr(d, X_ATTRS))  # status attributes are never listed
+        out = {k.removeprefix(PREFIX): v for k, v in attrs.items()}
         for k in ("stats", "aborts", "corrupt", "metadata", "scrub"):
             if k in out:
                 out[k] = json.loads(out[k])

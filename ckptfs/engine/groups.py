@@ -53,6 +53,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ckptfs import crashpoints, events, exits, procinfo
+from ckptfs.engine import staged
 from ckptfs.engine.replay import apply_group_entry
 from ckptfs.engine.rollback import apply_rollback, apply_rollback_state, make_durable, rollback_plan
 from ckptfs.engine.seals import (
@@ -150,7 +151,8 @@ class GroupEngine:
         pre = g.path + "/"
         with self.lock:
             return [p for t in (self.pending, self.queued) for p, v in t.items()
-                    if p.startswith(pre) and not v.unlinked and v.state in ("open", "queued", "committing")]
+                    if p.startswith(pre) and not v.unlinked
+                    and v.state in (staged.OPEN, staged.QUEUED, staged.COMMITTING)]
 
     def groupable(self, d: str) -> bool:
         """A directory may become a group unless it holds files ckptfs never committed (legacy data)."""
@@ -427,7 +429,7 @@ class GroupEngine:
     def _previous_sealed(self, g: GroupState) -> GroupState | None:
         d = parent(g.path)
         sibs = [s for s in self.groups.values() if s is not g and s.state == SEALED and parent(s.path) == d]
-        return max(sibs, key=lambda s: (s.step if s.step is not None else -1, s.sealed_at), default=None)
+        return max(sibs, key=lambda s: s.order, default=None)
 
     def poke(self, path: str) -> None:
         """Re-check a deferred seal after a version under ``path`` was installed or dropped."""
@@ -541,7 +543,7 @@ class GroupEngine:
             # (a sealed group whose re-save removed every file goes back to its seal or is torn below)
         pre = g.path + "/"
         with self.lock:
-            if any(p.startswith(pre) and not v.unlinked and v.state == "open" for p, v in self.pending.items()):
+            if any(p.startswith(pre) and not v.unlinked and v.state == staged.OPEN for p, v in self.pending.items()):
                 return False  # a file is still being written
         self.barrier()  # async: let versions closed before the kill install first (queue order)
         with self.commit_lock:
@@ -758,10 +760,10 @@ class GroupEngine:
         self.stats["deferred_deletes"] += 1
 
     def _has_newer_sealed(self, g: GroupState) -> bool:
-        key = (g.step if g.step is not None else -1, g.sealed_at)
+        key = g.order
         d = parent(g.path)
         return any(s.state == SEALED and parent(s.path) == d
-                   and (s.step if s.step is not None else -1, s.sealed_at) > key for s in self.groups.values())
+                   and s.order > key for s in self.groups.values())
 
     def deletion_done(self, path: str) -> None:
         """rmdir of a group being deleted (commit_lock held): purge now unless a newer sibling is open."""
@@ -802,10 +804,10 @@ class GroupEngine:
 
     def _purge_trashed(self, d: str, newer: GroupState) -> None:
         """A group sealed in ``d``: deletions of older siblings that waited for it happen now (G9)."""
-        key = (newer.step if newer.step is not None else -1, newer.sealed_at)
+        key = newer.order
         for g in [g for g in self.groups.values() if g.state == TRASHED and parent(g.path) == d
                   and g.moved_to.startswith(TRASH)]:
-            if (g.step if g.step is not None else -1, g.sealed_at) > key or self.store.exists(g.path):
+            if g.order > key or self.store.exists(g.path):
                 continue  # newer than the sealed one, or still being deleted
             self._purge(g)
 
@@ -818,7 +820,7 @@ class GroupEngine:
         sibs = [g for g in self.groups.values() if parent(g.path) == d and g.state in (OPEN, SEALED)]
         if any(g.state == OPEN for g in sibs):
             return
-        sealed = sorted((g for g in sibs if g.step is not None), key=lambda g: (g.step, g.sealed_at))
+        sealed = sorted((g for g in sibs if g.step is not None), key=lambda g: g.order)
         keep = {g.path for g in sealed[-keep_last:]}
         if keep_every > 0:
             keep |= {g.path for g in sealed if g.step % keep_every == 0}

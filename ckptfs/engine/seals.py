@@ -75,6 +75,12 @@ class GroupState:
     made_by_writer: bool = False  # tentative, made by a writer of a sibling group (live only)
     refused: dict[str, str] = field(default_factory=dict)  # incomplete files refused at close (live only)
 
+    @property
+    def order(self) -> tuple[int, float]:
+        """Which of two sibling groups is newer: the higher step (none: -1), then the later seal.
+        The one ordering retention, G9 deletions and recovery use."""
+        return (self.step if self.step is not None else -1, self.sealed_at)
+
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         for live_only in ("pids", "seal_requested", "last_activity", "corrupt", "written", "made_by_writer",

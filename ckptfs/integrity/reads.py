@@ -57,10 +57,21 @@ from ckptfs.backing import BackingStore
 from ckptfs.engine.generations import GenEntry, Generations
 from ckptfs.integrity.verify import Finding, RateLimiter, check_chunk, check_identity, chunk_count, verify_fd
 from ckptfs.records import FileRecord
+from ckptfs.status import (
+    X_CORRUPT,
+    X_ERROR,
+    X_KEEP_GENERATIONS,
+    X_KEPT_GENERATIONS,
+    X_METADATA,
+    X_ON_CORRUPT,
+    X_ROLLBACK,
+    X_SCRUB,
+    X_STATUS,
+    X_VERIFIED,
+)
 
 log = logging.getLogger("ckptfs.integrity")
 
-CONTROL_XATTR = "user.ckptfs.control"
 MAX_STATES = 100_000
 
 
@@ -415,7 +426,7 @@ class Integrity:
         out: dict[str, str] = {}
         gens = self.gens.of(path)
         if gens:
-            out["user.ckptfs.kept_generations"] = ",".join(str(g.rec.generation) for g in gens)
+            out[X_KEPT_GENERATIONS] = ",".join(str(g.rec.generation) for g in gens)
         rec = self.records.get(path)
         if rec is None:
             return out
@@ -425,28 +436,28 @@ class Integrity:
             return out
         s = self.states.get(version_key(st, rec))
         if s is None:
-            out["user.ckptfs.verified"] = f"0/{chunk_count(rec)} chunks"
+            out[X_VERIFIED] = f"0/{chunk_count(rec)} chunks"
             return out
         if s.bad is not None:
-            out["user.ckptfs.status"] = "corrupt"
-            out["user.ckptfs.error"] = s.bad.detail
-            out["user.ckptfs.verified"] = "corrupt"
+            out[X_STATUS] = "corrupt"
+            out[X_ERROR] = s.bad.detail
+            out[X_VERIFIED] = "corrupt"
             if s.rollback is not None:
-                out["user.ckptfs.rollback"] = (
+                out[X_ROLLBACK] = (
                     f"serving kept generation {s.rollback.rec.generation} "
                     f"(committed {s.rollback.rec.committed_iso()}) because generation {rec.generation} is corrupt")
         else:
-            out["user.ckptfs.verified"] = f"{s.n_verified}/{len(s.verified)} chunks"
+            out[X_VERIFIED] = f"{s.n_verified}/{len(s.verified)} chunks"
         return out
 
     def root_attrs(self) -> dict[str, str]:
         return {
-            "user.ckptfs.corrupt": json.dumps(list(self.events)[-20:]),
-            "user.ckptfs.metadata": json.dumps(
+            X_CORRUPT: json.dumps(list(self.events)[-20:]),
+            X_METADATA: json.dumps(
                 {"status": "corrupt" if self.metadata_problems else "ok", "problems": self.metadata_problems[-20:]}),
-            "user.ckptfs.scrub": json.dumps(self.scrub_info, sort_keys=True),
-            "user.ckptfs.on_corrupt": self.on_corrupt,
-            "user.ckptfs.keep_generations": str(self.gens.keep),
+            X_SCRUB: json.dumps(self.scrub_info, sort_keys=True),
+            X_ON_CORRUPT: self.on_corrupt,
+            X_KEEP_GENERATIONS: str(self.gens.keep),
         }
 
     def control(self, path: str, value: bytes) -> None:
