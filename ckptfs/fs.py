@@ -28,9 +28,6 @@ import os
 import re
 import stat
 import threading
-import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from ckptfs import META_DIR, __version__, events, exits, procinfo, status
@@ -40,11 +37,11 @@ from ckptfs.engine.commit import CommitEngine
 from ckptfs.engine.generations import Generations
 from ckptfs.engine.groups import GroupEngine
 from ckptfs.engine.seals import CORRUPT, OPEN, SEALED, GroupState, SealError, read_seal
-from ckptfs.engine.staged import Handle, Version
+from ckptfs.engine.staged import NOBODY, Caller, Handle, Staging, Version
 from ckptfs.inodes import InodeMap
 from ckptfs.integrity.reads import Integrity
 from ckptfs.layout import COMMITTED_VIEW, move_prefix, parent
-from ckptfs.log.journal import COMPACT_EVERY, STAGING, Journal
+from ckptfs.log.journal import COMPACT_EVERY, Journal
 from ckptfs.records import FileRecord
 from ckptfs.recovery import recover
 from ckptfs.rules import RuleSet
@@ -81,14 +78,6 @@ ENODATA = getattr(errno, "ENODATA", getattr(errno, "ENOATTR", 61))
 WRITEBACK_WINDOW = 8 << 20  # staged data is pushed to disk in windows of this size while written
 
 
-@dataclass(frozen=True)
-class Caller:
-    uid: int = 0
-    gid: int = 0
-    pid: int = 0
-
-
-NOBODY = Caller()
 
 
 def _err(code: int, msg: str = "") -> OSError:
@@ -158,7 +147,6 @@ class CkptFS:
         self._next_fh = 1
         self.stats: collections.Counter[str] = collections.Counter()
         self.events = events.Events()  # what changed, for adapters (cache invalidation) and the mirror
-        self._as_root = hasattr(os, "geteuid") and os.geteuid() == 0
         self.shut_down = False
         # kept previous versions (G11, --on-corrupt rollback): written by the commit path
         self.gens = Generations(store, keep_generations, self.recovery.generations)
@@ -172,6 +160,7 @@ class CkptFS:
             max_backlog_bytes=max_backlog_bytes)
         self.commit_lock = self.commit.commit_lock
         self.committer = self.commit.committer
+        self.staging = Staging(store, self.inodes, self.lock, self._visible, self.commit.unpublish)
         self.grp = GroupEngine(  # checkpoint groups (group_ops.py)
             store=store, journal=self.journal, rules=self.rules, records=self.records, groups=self.groups,
             pending=self.pending, queued=self.queued, aborts=self.aborts, lock=self.lock,
@@ -404,110 +393,16 @@ class CkptFS:
             "f_files", "f_ffree", "f_favail", "f_namemax")}
 
     # ---------------------------------------------------------- open/create
-    def _staging_name(self) -> str:
-        return f"{STAGING}/{uuid.uuid4().hex}"
-
-    def _new_owner(self, path: str, caller: Caller) -> tuple[int, int]:
-        """Owner of a new file, directory, node or link at ``path``, as the kernel gives it natively:
-        the caller's uid, and the caller's gid unless the parent directory is setgid (then its gid)."""
-        gid = caller.gid
-        try:
-            pst = self.store.lstat(parent(path))
-            if pst.st_mode & stat.S_ISGID:
-                gid = pst.st_gid
-        except OSError:
-            pass
-        return caller.uid, gid
-
     def _set_new_owner(self, path: str, caller: Caller) -> None:
         """chown a just-created directory, node or symlink at ``path`` to its native owner."""
-        if not self._as_root:
+        if not self.staging.as_root:
             return
-        uid, gid = self._new_owner(path, caller)
+        uid, gid = self.staging.new_owner(path, caller)
         st = self.store.lstat(path)
         if (st.st_uid, st.st_gid) != (uid, gid):
             self.store.chown(path, uid, gid)
             if stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISGID:
                 self.store.chmod(path, stat.S_IMODE(st.st_mode))  # keep the inherited setgid bit
-
-    def _new_version(self, path: str, mode: int, caller: Caller, src: Version | None = None,
-                     src_fd: int | None = None, like: os.stat_result | None = None,
-                     xattrs_from: int | None = None) -> Version:
-        """Create a staged version of ``path``; cloned from src/src_fd if given.
-
-        Invariant (transparency): a new version of an existing file (``like``: the stat of the
-        version it replaces) gets that file's owner, group, mode and extended attributes
-        (``xattrs_from``: an open fd of it), so a rewrite through the mount changes
-        the bytes only, as an in-place write does natively.  A new file gets exactly the requested
-        mode (the kernel has applied the caller's umask; the daemon runs with umask 0) and the
-        owner :meth:`_new_owner` gives."""
-        name = self._staging_name()
-        fd = self.store.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        v = Version(path=path, staging=name, fd=fd)
-        try:
-            v.ino = self.store.fstat(fd).st_ino
-            if like is not None:
-                self.inodes.carry(v.ino, like.st_ino, like.st_nlink)  # same st_ino as the file it replaces
-            if like is not None:
-                uid, gid, perm = like.st_uid, like.st_gid, stat.S_IMODE(like.st_mode)
-            else:
-                (uid, gid), perm = self._new_owner(path, caller), stat.S_IMODE(mode)
-                if perm & stat.S_ISGID and caller.uid != 0 and caller is not NOBODY \
-                        and gid != caller.gid and gid not in procinfo.groups(caller.pid):
-                    perm &= ~stat.S_ISGID  # as the VFS does for a non-member (kernels before 6.0 leave it to us)
-            if self._as_root:
-                self.store.fchown(fd, uid, gid)
-            else:
-                try:
-                    self.store.fchown(fd, -1, gid)  # the group at least, where the daemon's user may
-                except OSError:
-                    pass
-            self.store.fchmod(fd, perm)  # after the chown, which clears setuid/setgid
-            if xattrs_from is not None:
-                self._copy_xattrs(xattrs_from, fd)
-            if src is not None:
-                self.store.copy_range(src.fd, fd, src.size)
-                v.size = src.size
-                v.digest = src.digest.copy()
-            elif src_fd is not None:
-                size = self.store.fstat(src_fd).st_size
-                self.store.copy_range(src_fd, fd, size)
-                v.size = size
-                v.digest.stale = size > 0
-        except OSError:
-            self._drop_staging(v)
-            raise
-        return v
-
-    def _copy_xattrs(self, src: int, dst: int) -> None:
-        """Copy every extended attribute (user.*, ACLs, security labels) of the open file ``src`` to
-        ``dst``, except ``security.capability``: natively any write drops it, and a rewrite through
-        the mount is a write."""
-        try:
-            names = self.store.flistxattr(src)
-        except OSError:
-            return
-        for n in names:
-            if n == "security.capability" or n.startswith(PREFIX):
-                continue
-            try:
-                self.store.fsetxattr(dst, n, self.store.fgetxattr(src, n))
-            except OSError as e:
-                if e.errno in (errno.EIO, errno.ENOSPC, errno.EDQUOT):
-                    raise  # the disk failed: the caller must hear it
-                log.debug("xattr %s not copied to the new version: %s", n, e)  # (not permitted, unsupported)
-
-    def _drop_staging(self, v: Version) -> None:
-        try:
-            self.store.close(v.fd)
-        except OSError:
-            pass
-        try:
-            self.store.unlink(v.staging)
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            log.warning("could not remove staging %s: %s", v.staging, e)
 
     def create(self, path: str, mode: int, flags: int = os.O_WRONLY, caller: Caller = NOBODY) -> int:
         path = self.norm(path)
@@ -520,7 +415,7 @@ class CkptFS:
             raise _err(errno.EEXIST)
         if not self.store.exists(parent(path)):
             raise _err(errno.ENOENT)
-        v = self._new_version_like(path, mode, caller)
+        v = self.staging.new_version_like(path, mode, caller)
         with self.lock:
             old = self.pending.get(path)
             if old is not None and old.state == staged.OPEN:
@@ -544,7 +439,7 @@ class CkptFS:
         if writable and flags & os.O_TRUNC:
             self.grp.note_write(path, caller.pid)
             self._stat_or_stale(path)  # (disk work, and with --on-corrupt rollback a hash: never under lock, I5)
-            nv = self._new_version_like(path, 0, caller)
+            nv = self.staging.new_version_like(path, 0, caller)
             with self.lock:
                 v = self._visible(path)
                 if v is not None and v.state == staged.OPEN:
@@ -565,36 +460,6 @@ class CkptFS:
         fd, chk = self.integrity.open_committed(path, self.store.open(path, os.O_RDONLY))  # EIO if corrupt
         self.integrity.bind(fd, chk)
         return self._new_fh(Handle(path=path, writable=writable, fd=fd))
-
-    def _existing_attrs(self, path: str) -> tuple[os.stat_result | None, int | None, bool]:
-        """(stat, an fd to copy its xattrs from, whether the caller must close that fd) of the
-        version a new one of ``path`` replaces, if any."""
-        with self.lock:
-            v = self._visible(path)
-        if v is not None:
-            try:
-                return self.store.fstat(v.fd), v.fd, False
-            except OSError:
-                pass
-        try:
-            st = self.store.lstat(path)
-        except OSError:
-            return None, None, False
-        if not stat.S_ISREG(st.st_mode):
-            return None, None, False
-        try:
-            return st, self.store.open(path, os.O_RDONLY | os.O_NONBLOCK), True
-        except FileNotFoundError:
-            return None, None, False  # replaced meanwhile; an I/O error reaches the caller
-
-    def _new_version_like(self, path: str, mode: int, caller: Caller) -> Version:
-        """A new, empty version of ``path`` with the attributes of the version it replaces (if any)."""
-        like, xfd, close = self._existing_attrs(path)
-        try:
-            return self._new_version(path, mode, caller, like=like, xattrs_from=xfd)
-        finally:
-            if close and xfd is not None:
-                self.store.close(xfd)
 
     def _stat_or_stale(self, path: str) -> dict[str, Any]:
         """getattr for open(); a missing path gives ESTALE, not ENOENT.
@@ -624,11 +489,11 @@ class CkptFS:
             if v is not None and v.state == staged.OPEN:
                 return v
             if v is not None:
-                nv = self._new_version(h.path, 0, caller, src=v, like=self.store.fstat(v.fd), xattrs_from=v.fd)
+                nv = self.staging.new_version(h.path, 0, caller, src=v, like=self.store.fstat(v.fd), xattrs_from=v.fd)
             else:
                 assert h.fd is not None
                 self.integrity.before_clone(h.fd)  # never launder corrupt bytes into a new commit
-                nv = self._new_version(h.path, 0, caller, src_fd=h.fd, like=self.store.fstat(h.fd),
+                nv = self.staging.new_version(h.path, 0, caller, src_fd=h.fd, like=self.store.fstat(h.fd),
                                        xattrs_from=h.fd)
             with self.lock:
                 if v is not None:
@@ -683,37 +548,10 @@ class CkptFS:
                 self._writeback(v.fd, (end // WRITEBACK_WINDOW - 1) * WRITEBACK_WINDOW, WRITEBACK_WINDOW)
             v.size = max(v.size, end)
 
-        while not self._change_staged(self._writable_version(h, caller), change, "write"):
+        while not self.staging.change(self._writable_version(h, caller), change, "write"):
             pass  # frozen by a concurrent commit: clone and retry
         self.stats["bytes_written"] += written
         return written
-
-    def _change_staged(self, v: Version | None, change: Callable[[Version], None], what: str) -> bool:
-        """Apply ``change`` to v's staged bytes if v is still open; False if it is not.
-
-        The one place staged bytes change (write, truncate by handle, truncate by path).  The state
-        is checked under ``v.lock``, which a seal also holds: a version leaves ``open`` only under
-        that lock, so once frozen its bytes and its record agree (versions.py).  A change that fails
-        poisons v: its content is unknown, so it never commits."""
-        if v is None:
-            return False
-        with v.lock:
-            if v.state != staged.OPEN:
-                return False
-            try:
-                change(v)
-            except OSError as e:
-                self._poison(v, f"{what} failed: {e}", e.errno)
-                raise
-            v.dirty = True
-            return True
-
-    def _truncated(self, length: int) -> Callable[[Version], None]:
-        def change(v: Version) -> None:
-            self.store.ftruncate(v.fd, length)
-            v.digest.truncated(length)
-            v.size = length
-        return change
 
     def truncate(self, path: str, length: int, fh: int | None = None, caller: Caller = NOBODY) -> None:
         path = self.norm(path)
@@ -723,7 +561,7 @@ class CkptFS:
             return
         with self.lock:
             v = self.pending.get(path)
-        if self._change_staged(v, self._truncated(length), "truncate"):
+        if self.staging.change(v, self.staging.truncated(length), "truncate"):
             return
         # truncate(2) by path of a committed file: a new version, committed now
         fh2 = self.open(path, os.O_WRONLY, caller)
@@ -734,7 +572,7 @@ class CkptFS:
             self.release(fh2)
 
     def _truncate_handle(self, h: Handle, length: int, caller: Caller) -> None:
-        while not self._change_staged(self._writable_version(h, caller), self._truncated(length), "truncate"):
+        while not self.staging.change(self._writable_version(h, caller), self.staging.truncated(length), "truncate"):
             pass
 
     # ------------------------------------------------------------ committing
@@ -762,13 +600,6 @@ class CkptFS:
             self.commit.unpublish(v)
             raise
 
-    def _poison(self, v: Version, reason: str, code: int | None = None) -> None:
-        """A write to v failed: its content is unknown, so it must never commit."""
-        if v.doomed is None:
-            v.doomed = reason
-            v.doomed_errno = code
-        self.commit.unpublish(v)
-
     def fsync(self, fh: int, caller: Caller = NOBODY) -> None:
         h = self._handle(fh)
         v = h.version
@@ -786,7 +617,7 @@ class CkptFS:
                     try:
                         self.store.fdatasync(v.fd)
                     except OSError as e:
-                        self._poison(v, f"fsync of the staged bytes failed: {e}", e.errno)
+                        self.staging.poison(v, f"fsync of the staged bytes failed: {e}", e.errno)
                         raise
                 self.stats["fsync_staged"] += 1
         if v.error is not None:

@@ -13,11 +13,24 @@ handle first clones it into a new version: copy-on-write).
 
 from __future__ import annotations
 
+import errno
+import logging
+import os
+import stat
 import threading
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ckptfs import procinfo
+from ckptfs.backing import BackingStore
+from ckptfs.inodes import InodeMap
+from ckptfs.layout import STAGING, parent
 from ckptfs.records import FileRecord
+from ckptfs.status import PREFIX
 from ckptfs.streamhash import AsyncDigest
+
+log = logging.getLogger("ckptfs")
 
 # Version states (the life cycle above)
 OPEN = "open"  # being written; the only state in which its staging file changes
@@ -55,3 +68,183 @@ class Handle:
     fd: int | None = None  # backing fd of the committed file (reads before first write)
     version: Version | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who made a request (the FUSE request's uid, gid and pid)."""
+
+    uid: int = 0
+    gid: int = 0
+    pid: int = 0
+
+
+NOBODY = Caller()  # a request from the daemon itself (tests, control verbs): no owner rules apply
+
+
+class Staging:
+    """Makes and changes staged versions: the shadow copies in ``.ckptfs/staging``.
+
+    Explicit dependencies: the store, ``inodes`` (a new version of a file keeps its st_ino), the
+    facade's ``lock`` and a ``visible(path)`` lookup (the version readers see), and ``unpublish(v)``
+    (engine/commit.py: a poisoned version stops being visible).  Invariants: a new version of an
+    existing file gets that file's owner, group, mode and xattrs (transparency); a version's bytes
+    change only through :meth:`change`, only while it is OPEN (see the module doc)."""
+
+    def __init__(self, store: BackingStore, inodes: InodeMap, lock: threading.RLock,
+                 visible: Callable[[str], Version | None], unpublish: Callable[[Version], None]) -> None:
+        self.store = store
+        self.inodes = inodes
+        self.lock = lock
+        self.visible = visible
+        self.unpublish = unpublish
+        self.as_root = hasattr(os, "geteuid") and os.geteuid() == 0
+
+    def staging_name(self) -> str:
+        return f"{STAGING}/{uuid.uuid4().hex}"
+    def new_owner(self, path: str, caller: Caller) -> tuple[int, int]:
+        """Owner of a new file, directory, node or link at ``path``, as the kernel gives it natively:
+        the caller's uid, and the caller's gid unless the parent directory is setgid (then its gid)."""
+        gid = caller.gid
+        try:
+            pst = self.store.lstat(parent(path))
+            if pst.st_mode & stat.S_ISGID:
+                gid = pst.st_gid
+        except OSError:
+            pass
+        return caller.uid, gid
+    def new_version(self, path: str, mode: int, caller: Caller, src: Version | None = None,
+                     src_fd: int | None = None, like: os.stat_result | None = None,
+                     xattrs_from: int | None = None) -> Version:
+        """Create a staged version of ``path``; cloned from src/src_fd if given.
+
+        Invariant (transparency): a new version of an existing file (``like``: the stat of the
+        version it replaces) gets that file's owner, group, mode and extended attributes
+        (``xattrs_from``: an open fd of it), so a rewrite through the mount changes
+        the bytes only, as an in-place write does natively.  A new file gets exactly the requested
+        mode (the kernel has applied the caller's umask; the daemon runs with umask 0) and the
+        owner :meth:`_new_owner` gives."""
+        name = self.staging_name()
+        fd = self.store.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        v = Version(path=path, staging=name, fd=fd)
+        try:
+            v.ino = self.store.fstat(fd).st_ino
+            if like is not None:
+                self.inodes.carry(v.ino, like.st_ino, like.st_nlink)  # same st_ino as the file it replaces
+            if like is not None:
+                uid, gid, perm = like.st_uid, like.st_gid, stat.S_IMODE(like.st_mode)
+            else:
+                (uid, gid), perm = self.new_owner(path, caller), stat.S_IMODE(mode)
+                if perm & stat.S_ISGID and caller.uid != 0 and caller is not NOBODY \
+                        and gid != caller.gid and gid not in procinfo.groups(caller.pid):
+                    perm &= ~stat.S_ISGID  # as the VFS does for a non-member (kernels before 6.0 leave it to us)
+            if self.as_root:
+                self.store.fchown(fd, uid, gid)
+            else:
+                try:
+                    self.store.fchown(fd, -1, gid)  # the group at least, where the daemon's user may
+                except OSError:
+                    pass
+            self.store.fchmod(fd, perm)  # after the chown, which clears setuid/setgid
+            if xattrs_from is not None:
+                self.copy_xattrs(xattrs_from, fd)
+            if src is not None:
+                self.store.copy_range(src.fd, fd, src.size)
+                v.size = src.size
+                v.digest = src.digest.copy()
+            elif src_fd is not None:
+                size = self.store.fstat(src_fd).st_size
+                self.store.copy_range(src_fd, fd, size)
+                v.size = size
+                v.digest.stale = size > 0
+        except OSError:
+            self.drop_staging(v)
+            raise
+        return v
+    def copy_xattrs(self, src: int, dst: int) -> None:
+        """Copy every extended attribute (user.*, ACLs, security labels) of the open file ``src`` to
+        ``dst``, except ``security.capability``: natively any write drops it, and a rewrite through
+        the mount is a write."""
+        try:
+            names = self.store.flistxattr(src)
+        except OSError:
+            return
+        for n in names:
+            if n == "security.capability" or n.startswith(PREFIX):
+                continue
+            try:
+                self.store.fsetxattr(dst, n, self.store.fgetxattr(src, n))
+            except OSError as e:
+                if e.errno in (errno.EIO, errno.ENOSPC, errno.EDQUOT):
+                    raise  # the disk failed: the caller must hear it
+                log.debug("xattr %s not copied to the new version: %s", n, e)  # (not permitted, unsupported)
+    def drop_staging(self, v: Version) -> None:
+        try:
+            self.store.close(v.fd)
+        except OSError:
+            pass
+        try:
+            self.store.unlink(v.staging)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            log.warning("could not remove staging %s: %s", v.staging, e)
+    def existing_attrs(self, path: str) -> tuple[os.stat_result | None, int | None, bool]:
+        """(stat, an fd to copy its xattrs from, whether the caller must close that fd) of the
+        version a new one of ``path`` replaces, if any."""
+        with self.lock:
+            v = self.visible(path)
+        if v is not None:
+            try:
+                return self.store.fstat(v.fd), v.fd, False
+            except OSError:
+                pass
+        try:
+            st = self.store.lstat(path)
+        except OSError:
+            return None, None, False
+        if not stat.S_ISREG(st.st_mode):
+            return None, None, False
+        try:
+            return st, self.store.open(path, os.O_RDONLY | os.O_NONBLOCK), True
+        except FileNotFoundError:
+            return None, None, False  # replaced meanwhile; an I/O error reaches the caller
+    def new_version_like(self, path: str, mode: int, caller: Caller) -> Version:
+        """A new, empty version of ``path`` with the attributes of the version it replaces (if any)."""
+        like, xfd, close = self.existing_attrs(path)
+        try:
+            return self.new_version(path, mode, caller, like=like, xattrs_from=xfd)
+        finally:
+            if close and xfd is not None:
+                self.store.close(xfd)
+    def change(self, v: Version | None, change: Callable[[Version], None], what: str) -> bool:
+        """Apply ``change`` to v's staged bytes if v is still open; False if it is not.
+
+        The one place staged bytes change (write, truncate by handle, truncate by path).  The state
+        is checked under ``v.lock``, which a seal also holds: a version leaves ``open`` only under
+        that lock, so once frozen its bytes and its record agree (versions.py).  A change that fails
+        poisons v: its content is unknown, so it never commits."""
+        if v is None:
+            return False
+        with v.lock:
+            if v.state != OPEN:
+                return False
+            try:
+                change(v)
+            except OSError as e:
+                self.poison(v, f"{what} failed: {e}", e.errno)
+                raise
+            v.dirty = True
+            return True
+    def truncated(self, length: int) -> Callable[[Version], None]:
+        def change(v: Version) -> None:
+            self.store.ftruncate(v.fd, length)
+            v.digest.truncated(length)
+            v.size = length
+        return change
+    def poison(self, v: Version, reason: str, code: int | None = None) -> None:
+        """A write to v failed: its content is unknown, so it must never commit."""
+        if v.doomed is None:
+            v.doomed = reason
+            v.doomed_errno = code
+        self.unpublish(v)
