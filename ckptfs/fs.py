@@ -765,6 +765,7 @@ class CkptFS:
                 self.records.pop(path, None)
                 self.last_abort.pop(path, None)
                 self.gens.on_unlink(path)
+            self.gens.collect()
 
     def mknod(self, path: str, mode: int, dev: int = 0, caller: Caller = NOBODY) -> None:
         """A fifo, socket or device node (as the backing filesystem allows); a regular file made by
@@ -947,6 +948,7 @@ class CkptFS:
                         h.path = new + h.path[len(old):]
                 for hp in [hp for hp in self.hidden if hp.startswith(old + "/")]:
                     self.hidden[new + hp[len(old):]] = self.hidden.pop(hp)
+            self.gens.collect()
             if on_disk:
                 self.events.emit(events.RENAMED, old, dst=new)
                 self.grp.after_rename(old, new, is_dir, caller.pid)

@@ -204,3 +204,39 @@ def test_ownership_of_a_new_version_goes_through_the_store(tmp_path: Path) -> No
         assert not (tmp_path / "f").exists()
     finally:
         fs.shutdown()
+
+
+def test_no_disk_work_under_the_lock_across_a_workload(tmp_path: Path) -> None:
+    """I5 beyond defect 4's two calls: groups sealed by a marker, overwrites that keep and prune
+    generations, a rename over a committed file, unlink, link, listing, a verified read and the
+    status attributes.  (Found by this test after the review: dropped kept generations were
+    unlinked under ``lock``; now ``Generations.collect`` deletes them after it is released.)"""
+    store = _LockWatch(OsBackingStore(str(tmp_path)))
+    fs = CkptFS(store, housekeeping_interval=0, keep_generations=1)  # type: ignore[arg-type]
+    store.fs = fs
+    try:
+        store.watching = True
+        fs.mkdir("run", 0o755)
+        for step in (1, 2, 3):
+            fs.mkdir(f"run/checkpoint-{step}", 0o755)
+            _write(fs, f"run/checkpoint-{step}/model.pt", _torch_bytes(step))
+            _write(fs, f"run/checkpoint-{step}/trainer_state.json", b"{}")
+        for i in range(3):
+            _write(fs, "a.pt", _torch_bytes(i))  # the third install prunes the first kept generation
+        _write(fs, "b.pt", _torch_bytes(9))
+        fs.rename("b.pt", "a.pt")
+        fs.unlink("a.pt")
+        fs.link("run/checkpoint-1/model.pt", "l.pt")
+        fs.readdir("run")
+        fh = fs.open("run/checkpoint-1/model.pt", os.O_RDONLY)
+        fs.read(fh, 100, 0)
+        fs.release(fh)
+        fs.getxattr("", "user.ckptfs.attrs")
+        fs.getxattr("run/checkpoint-1", "user.ckptfs.attrs")
+        store.watching = False
+        assert store.under_lock == []
+        assert fs.groups["run/checkpoint-3"].state == "sealed"
+        assert not any(n for n in os.listdir(tmp_path / ".ckptfs" / "generations")
+                       if n not in {g.name.rsplit("/", 1)[-1] for gs in fs.gens.table.values() for g in gs})
+    finally:
+        fs.shutdown()

@@ -307,6 +307,7 @@ class CommitEngine:
             self.stats["bytes_committed"] += rec.size
             self.events.emit(events.PUBLISHED, v.path)
             fd = self.take_fd(v)
+        self.gens.collect()
         self.close_quiet(fd)
 
     def maybe_compact(self) -> None:

@@ -136,14 +136,21 @@ def reconcile(store: BackingStore, raw: dict) -> tuple[dict[str, list[GenEntry]]
 
 class Generations:
     """Live generation table of a mounted filesystem.  Callers hold the commit lock
-    for every mutating method (they run inside journaled operations)."""
+    for every mutating method (they run inside journaled operations).
+
+    The table methods also run under the facade's ``lock`` (with the records they follow), so they
+    never touch the disk (I5): a generation they drop is deleted by :meth:`collect`, which the
+    caller runs once ``lock`` is released (still under the commit lock).  One that is never
+    collected (a crash in between) is an unreferenced file recovery's ``reconcile`` deletes."""
 
     def __init__(self, store: BackingStore, keep: int, table: dict[str, list[GenEntry]]) -> None:
         self.store = store
         self.keep = max(0, keep)
         self.table = table
+        self._dropped: list[str] = []
         for path in list(self.table):
             self._prune(path)
+        self.collect()
 
     def to_json(self) -> dict:
         return {p: [g.to_json() for g in gs] for p, gs in self.table.items()}
@@ -181,10 +188,18 @@ class Generations:
             self.table.pop(path, None)
 
     def _remove(self, g: GenEntry) -> None:
-        try:
-            self.store.unlink(g.name)
-        except OSError as e:
-            log.warning("could not delete kept generation %s: %s (recovery retries)", g.name, e)
+        self._dropped.append(g.name)  # deleted by collect(), outside the facade's lock
+
+    def collect(self) -> None:
+        """Delete the kept generations dropped from the table since the last call."""
+        while self._dropped:
+            name = self._dropped.pop()
+            try:
+                self.store.unlink(name)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                log.warning("could not delete kept generation %s: %s (recovery retries)", name, e)
 
     def on_unlink(self, path: str) -> None:
         for g in _drop_prefix(self.table, path):

@@ -598,6 +598,7 @@ class GroupEngine:
             for p in plan["remove"]:
                 self.gens.on_unlink(p)  # generations of a file moved aside go with it
             apply_rollback_state(self.records, self.groups, plan, self.gens.table)
+        self.gens.collect()
         g.pids = []
         self.stats["groups_rolled_back"] += 1
         self.events.emit(events.ROLLED_BACK, g.path, dst=plan["to"], reason=reason)
