@@ -3,8 +3,9 @@
 The filesystem changes what a path shows in two ways: in answer to a request for that path (a
 write, a rename: the kernel already knows), and on its own (a dying writer's version unpublished,
 a torn group quarantined, retention, a rollback, an abandoned deletion undone, an asynchronous
-install, an idle seal).  Every change of either kind emits one :class:`Event` here, after the
-change is in effect (and, for durable changes, durable).  Subscribers are the kernel-cache
+install, an idle seal).  Every change of either kind emits one :class:`Event` here, once the
+change is in effect: an install's event follows its rename (also when the directory fsync after
+it failed: the path shows the new version, and the writer got the error).  Subscribers are the kernel-cache
 invalidation of a transport (it must notify the kernel from another thread than the one serving
 the request: a subscriber must not block) and, later, the mirror (it uploads sealed groups).
 
@@ -31,7 +32,8 @@ REMOVED = "removed"  # a group deleted by the daemon (retention, a finished aban
 RESTORED = "restored"  # a group put back (an abandoned deletion undone)
 ROLLED_BACK = "rolled_back"  # a torn re-save replaced by the group's sealed files (G11)
 RENAMED = "renamed"  # path moved to dst
-KINDS = (PUBLISHED, UNPUBLISHED, SEALED, QUARANTINED, REMOVED, RESTORED, ROLLED_BACK, RENAMED)
+RELEASED = "released"  # a directory stopped being a group (no checkpoint in it): an ordinary directory again
+KINDS = (PUBLISHED, UNPUBLISHED, SEALED, QUARANTINED, REMOVED, RESTORED, ROLLED_BACK, RENAMED, RELEASED)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ import os
 import re
 import stat
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from ckptfs import META_DIR, __version__, events, exits, procinfo, status
@@ -127,6 +128,8 @@ class CkptFS:
         scrub_rate_mb: float = 64.0,
         compact_every: int = COMPACT_EVERY,
     ) -> None:
+        if commit_mode not in ("sync", "async"):
+            raise ValueError("commit_mode must be 'sync' or 'async'")  # before recovery touches the store
         self.store = store
         self.commit_mode = commit_mode
         self.rules = rules or RuleSet()
@@ -145,6 +148,7 @@ class CkptFS:
         self.inodes = InodeMap()  # the st_ino the mount reports (stable across versions)
         self.hidden: dict[str, str] = {}  # libfuse's .fuse_hidden name of an open, unlinked file -> its old path
         self._next_fh = 1
+        self.ns_seq = 0  # completed unlinks and renames (under lock): _publish_new re-checks across one
         self.stats: collections.Counter[str] = collections.Counter()
         self.events = events.Events()  # what changed, for adapters (cache invalidation) and the mirror
         self.shut_down = False
@@ -160,7 +164,7 @@ class CkptFS:
             max_backlog_bytes=max_backlog_bytes)
         self.commit_lock = self.commit.commit_lock
         self.committer = self.commit.committer
-        self.staging = Staging(store, self.inodes, self.lock, self._visible, self.commit.unpublish)
+        self.staging = Staging(store, self.inodes, self.lock, self._visible, self.commit.unpublish, self._unref)
         self.grp = GroupEngine(  # checkpoint groups (group_ops.py)
             store=store, journal=self.journal, rules=self.rules, records=self.records, groups=self.groups,
             pending=self.pending, queued=self.queued, aborts=self.aborts, lock=self.lock,
@@ -260,6 +264,14 @@ class CkptFS:
             return h.path, None
         chk = self.integrity.checks.get(h.fd)
         return h.path, (chk.key if chk is not None else None)
+
+    def _unref(self, v: Version) -> None:
+        """Drop a reference taken on v under ``lock`` (Staging.existing_attrs); close its fd if it
+        was the last one of a finished version."""
+        with self.lock:
+            v.refs -= 1
+            fd = self.commit.take_fd(v)
+        self.commit.close_quiet(fd)
 
     def handles_at(self, path: str) -> list[int]:
         """The open handles at ``path``."""
@@ -411,18 +423,38 @@ class CkptFS:
         if is_meta(path) or path == "":
             raise _err(errno.EACCES)
         self.grp.note_write(path, caller.pid)
-        if flags & os.O_EXCL and self._lexists(path):
-            raise _err(errno.EEXIST)
-        if not self.store.exists(parent(path)):
-            raise _err(errno.ENOENT)
-        v = self.staging.new_version_like(path, mode, caller)
-        with self.lock:
-            old = self.pending.get(path)
-            if old is not None and old.state == staged.OPEN:
-                old.unlinked = True  # superseded: never installed
-            self.pending[path] = v
-            v.refs = v.writers = 1
-            return self._new_fh(Handle(path=path, writable=True, version=v))
+
+        def check() -> None:
+            if flags & os.O_EXCL and self._lexists(path):
+                raise _err(errno.EEXIST)
+            if not self.store.exists(parent(path)):
+                raise _err(errno.ENOENT)
+
+        return self._new_fh(Handle(path=path, writable=True, version=self._publish_new(path, mode, caller, check)))
+
+    def _publish_new(self, path: str, mode: int, caller: Caller, check: Callable[[], None]) -> Version:
+        """A new, empty version of ``path`` (create, open with O_TRUNC), made outside ``lock`` (I5:
+        it is disk work) and published under it, where readers and writers of ``path`` find it.
+
+        ``check()`` (may raise) runs before.  A namespace change that completed meanwhile (an unlink
+        or rename: ``ns_seq``) may have made the check stale or the attributes copied from the
+        replaced file wrong: then the version is dropped and made again, so an unlink that
+        completed before this publish is never undone by it."""
+        while True:
+            with self.lock:
+                seq = self.ns_seq
+            check()
+            nv = self.staging.new_version_like(path, mode, caller)
+            with self.lock:
+                if self.ns_seq == seq:
+                    old = self.pending.get(path)
+                    if old is not None and old.state == staged.OPEN:
+                        old.unlinked = True  # superseded: never installed
+                    self.pending[path] = nv
+                    nv.refs = nv.writers = 1
+                    return nv
+            self.staging.drop_staging(nv)
+            self.stats["publish_retries"] += 1
 
     def open(self, path: str, flags: int, caller: Caller = NOBODY) -> int:
         path = self.norm(path)
@@ -438,15 +470,9 @@ class CkptFS:
         self._check_visible(path)
         if writable and flags & os.O_TRUNC:
             self.grp.note_write(path, caller.pid)
-            self._stat_or_stale(path)  # (disk work, and with --on-corrupt rollback a hash: never under lock, I5)
-            nv = self.staging.new_version_like(path, 0, caller)
-            with self.lock:
-                v = self._visible(path)
-                if v is not None and v.state == staged.OPEN:
-                    v.unlinked = True
-                self.pending[path] = nv
-                nv.refs = nv.writers = 1
-                return self._new_fh(Handle(path=path, writable=True, version=nv))
+            # (_stat_or_stale is disk work, and with --on-corrupt rollback a hash: never under lock, I5)
+            nv = self._publish_new(path, 0, caller, lambda: self._stat_or_stale(path))
+            return self._new_fh(Handle(path=path, writable=True, version=nv))
         with self.lock:
             v = self._visible(path)
             if v is not None:
@@ -645,7 +671,7 @@ class CkptFS:
             return
         commit_now = drop = False
         abort = None
-        with self.lock:  # the decision only: the journal and the disk are touched after (I5)
+        with self.lock:  # the decision and the tables only: the journal and the disk after (I5)
             v.refs -= 1
             if h.writable:
                 v.writers -= 1
@@ -653,7 +679,7 @@ class CkptFS:
                 if v.unlinked:
                     drop = self.commit.retire(v)
                 elif v.doomed:
-                    abort = v.doomed
+                    abort = self.commit.note_abort(v, v.doomed)
                     drop = self.commit.retire(v)
                 elif v.dirty and v.path in self.last_abort:
                     drop = self.commit.retire(v)  # refused at flush; already logged
@@ -661,15 +687,14 @@ class CkptFS:
                     commit_now = True  # written after the last flush (e.g. mmap writeback)
             fd = self.commit.take_fd(v)
         if abort is not None:
-            self.commit.abort(v, abort)
+            self.commit.log_abort(abort)
         self.commit.dispose(v if drop else None, fd)
         if commit_now:
             try:
                 self.commit.commit(v, wait=False)
             except OSError as e:
                 log.warning("late commit of %s at release failed: %s", v.path, e)
-                with self.lock:
-                    self.commit.discard(v, None)
+                self.commit.discard(v, None)
         if h.writable:
             self.grp.poke(v.path)
 
@@ -765,6 +790,13 @@ class CkptFS:
                 self.records.pop(path, None)
                 self.last_abort.pop(path, None)
                 self.gens.on_unlink(path)
+                # a new version published for ``path`` while the name was being removed (a truncating
+                # open racing this unlink) names a file that is gone: never installed (as natively:
+                # it writes the unlinked inode)
+                late = self.pending.pop(path, None) or self.queued.pop(path, None)
+                if late is not None:
+                    late.unlinked = True
+                self.ns_seq += 1
             self.gens.collect()
 
     def mknod(self, path: str, mode: int, dev: int = 0, caller: Caller = NOBODY) -> None:
@@ -948,6 +980,7 @@ class CkptFS:
                         h.path = new + h.path[len(old):]
                 for hp in [hp for hp in self.hidden if hp.startswith(old + "/")]:
                     self.hidden[new + hp[len(old):]] = self.hidden.pop(hp)
+                self.ns_seq += 1
             self.gens.collect()
             if on_disk:
                 self.events.emit(events.RENAMED, old, dst=new)

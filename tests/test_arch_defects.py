@@ -240,3 +240,85 @@ def test_no_disk_work_under_the_lock_across_a_workload(tmp_path: Path) -> None:
                        if n not in {g.name.rsplit("/", 1)[-1] for gs in fs.gens.table.values() for g in gs})
     finally:
         fs.shutdown()
+
+
+# --- found by a review of the refactor (each failed before its fix) ---------------------------
+
+def test_a_truncating_open_never_brings_back_a_file_unlinked_meanwhile(tmp_path: Path) -> None:
+    """open(O_TRUNC) makes its new version outside ``lock``; an unlink that completes meanwhile must
+    win (natively the open writes the unlinked inode): the open is retried and finds the name gone
+    (ESTALE: the kernel looks it up again), and the file does not come back."""
+    fs = CkptFS(OsBackingStore(str(tmp_path)), housekeeping_interval=0)
+    try:
+        _write(fs, "a", b"OLD")
+        make = fs.staging.new_version_like
+
+        def unlinked_meanwhile(path, mode, caller):  # type: ignore[no-untyped-def]
+            nv = make(path, mode, caller)
+            if (tmp_path / "a").exists():
+                fs.unlink("a")  # another thread's unlink completes here
+            return nv
+
+        fs.staging.new_version_like = unlinked_meanwhile  # type: ignore[method-assign]
+        with pytest.raises(OSError) as e:
+            fs.open("a", os.O_WRONLY | os.O_TRUNC)
+        assert e.value.errno == errno.ESTALE
+        fs.staging.new_version_like = make  # type: ignore[method-assign]
+        assert not (tmp_path / "a").exists() and "a" not in fs.records and "a" not in fs.pending
+        assert os.listdir(tmp_path / ".ckptfs" / "staging") == []
+    finally:
+        fs.shutdown()
+
+
+def test_xattrs_are_copied_from_the_replaced_version_not_a_reused_fd(tmp_path: Path) -> None:
+    """The xattrs of a new version come from the version it replaces; while they are copied, that
+    version's fd stays open (a reference), so a concurrent close cannot hand its number to another
+    file whose xattrs would then be copied."""
+    fs = CkptFS(OsBackingStore(str(tmp_path)), housekeeping_interval=0)
+    held: list[int] = []
+    try:
+        w = fs.create("a", 0o644)
+        fs.write(w, b"data", 0)
+        fs.setxattr("a", "user.mine", b"1", 0)
+        other = tmp_path / "unrelated"
+        other.write_bytes(b"")
+        os.setxattr(other, "user.secret", b"leak")
+        make = fs.staging.new_version
+
+        def writer_closes_meanwhile(path, mode, caller, **kw):  # type: ignore[no-untyped-def]
+            fs.flush(w)
+            fs.release(w)
+            held.append(os.open(other, os.O_RDONLY))  # another thread's open takes the lowest free fd
+            return make(path, mode, caller, **kw)
+
+        fs.staging.new_version = writer_closes_meanwhile  # type: ignore[method-assign]
+        fh = fs.open("a", os.O_WRONLY | os.O_TRUNC)
+        fs.staging.new_version = make  # type: ignore[method-assign]
+        v = fs.handles[fh].version
+        assert v is not None
+        names = os.listxattr(tmp_path / v.staging)
+        assert "user.mine" in names and "user.secret" not in names
+        fs.release(fh)
+    finally:
+        for fd in held:
+            os.close(fd)
+        fs.shutdown()
+
+
+def test_a_failed_late_commit_at_release_does_no_disk_work_under_the_lock(tmp_path: Path) -> None:
+    """I5: a file written and released without a flush (mmap writeback) is committed at release; when
+    that commit is refused, its staging is removed outside ``lock``."""
+    store = _LockWatch(OsBackingStore(str(tmp_path)))
+    fs = CkptFS(store, housekeeping_interval=0)  # type: ignore[arg-type]
+    store.fs = fs
+    try:
+        fh = fs.create("m.safetensors", 0o644)
+        fs.write(fh, b"\x10" + b"\x00" * 7 + b"{", 0)  # a header longer than the file: incomplete
+        store.watching = True
+        fs.release(fh)
+        store.watching = False
+        assert store.under_lock == []
+        assert not (tmp_path / "m.safetensors").exists()
+        assert os.listdir(tmp_path / ".ckptfs" / "staging") == []
+    finally:
+        fs.shutdown()

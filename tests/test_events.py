@@ -172,3 +172,23 @@ def test_a_killed_writers_version_is_announced_through_a_mount(tmp_path: Path) -
     text = (d / ".ckptfs" / "daemon.log").read_text()
     assert "event published w.bin" in text
     assert "event unpublished w.bin (writer pid" in text
+
+
+def test_a_group_that_turns_out_empty_is_released_and_announced(recorded) -> None:  # type: ignore[no-untyped-def]
+    """A step directory whose only checkpoint file is removed, with no evidence of an interrupted
+    save, stops being a group once its writer is gone: an ordinary directory again (E1/E2)."""
+    make, seen = recorded
+    fs = make()
+    writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        fs.mkdir("run", 0o755)
+        fs.mkdir("run/checkpoint-5", 0o755)
+        _write(fs, "run/checkpoint-5/optimizer.pt", _pt(5.0), pid=writer.pid)  # HF layout: waits for its marker
+        assert fs.groups["run/checkpoint-5"].state == "open"
+        fs.unlink("run/checkpoint-5/optimizer.pt")
+    finally:
+        writer.kill()
+        writer.wait()
+    fs.grp.housekeeping()
+    assert "run/checkpoint-5" not in fs.groups
+    assert kinds(seen, "run/checkpoint-5") == [events.RELEASED]

@@ -34,6 +34,8 @@ def offline_groups(root: str) -> tuple[dict[str, Any], dict[str, GroupState]]:
     try:
         r = replay(load_trusted(Journal(store)), last="apply")
         files, groups = r.files, r.groups
+        for p in r.problems:  # damaged metadata: the listing is partial, and says so
+            print(f"ckptfs: warning: {p}", file=sys.stderr)
         for p in [p for p, g in groups.items() if g.state == OPEN and g.tentative]:
             del groups[p]  # a directory made by mkdir with no checkpoint file: not a group (issue 10)
         for g in groups.values():

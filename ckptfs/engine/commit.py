@@ -147,12 +147,22 @@ class CommitEngine:
         self.dispose(v if drop else None, fd)
 
     def abort(self, v: Version, reason: str) -> None:
-        """Log (journal, unsynced) that v is not committed, and why."""
+        """Record (tables, under ``lock``) and log (journal, unsynced, outside it) that v is not
+        committed, and why."""
+        with self.lock:
+            entry = self.note_abort(v, reason)
+        self.log_abort(entry)
+
+    def note_abort(self, v: Version, reason: str) -> dict:
+        """(``lock`` held) The tables say v is not committed; the entry for :meth:`log_abort`."""
         entry = {"op": "abort", "path": v.path, "reason": reason, "time": time.time()}
-        log.warning("not committing %s: %s", v.path, reason)
         self.aborts.append(entry)
         self.last_abort[v.path] = reason
         self.stats["aborts"] += 1
+        return entry
+
+    def log_abort(self, entry: dict) -> None:
+        log.warning("not committing %s: %s", entry["path"], entry["reason"])
         try:
             self.journal.append(entry, sync=False)
         except OSError as e:
@@ -184,14 +194,16 @@ class CommitEngine:
             size=size, blake3=got[0], chunks=got[1], generation=0,
             committed_at=time.time(), ino=st.st_ino,
         )
-        if self.committer:
-            v.state = QUEUED
-            with self.lock:
+        with self.lock:  # (retire() decides under lock too: a version is never both discarded and sealed)
+            if v.state != OPEN:
+                raise _err(errno.EIO, f"ckptfs: {v.path} not committed: {v.doomed or 'discarded'}")
+            if self.committer:
+                v.state = QUEUED
                 if self.pending.get(v.path) is v:
                     del self.pending[v.path]
                 self.queued[v.path] = v
-        else:
-            v.state = COMMITTING
+            else:
+                v.state = COMMITTING
         return True
 
     def commit(self, v: Version, wait: bool, at_fsync: bool = False) -> bool:

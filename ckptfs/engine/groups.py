@@ -578,6 +578,7 @@ class GroupEngine:
             except OSError:
                 pass
             self.stats["groups_released"] += 1
+            self.events.emit(events.RELEASED, g.path, reason="no checkpoint file and no interrupted save")
             log.info("group %s released: no checkpoint file in it and no sign of an interrupted save", g.path)
 
     def _tear(self, g: GroupState, reason: str) -> None:

@@ -92,16 +92,19 @@ class Staging:
     change only through :meth:`change`, only while it is OPEN (see the module doc)."""
 
     def __init__(self, store: BackingStore, inodes: InodeMap, lock: threading.RLock,
-                 visible: Callable[[str], Version | None], unpublish: Callable[[Version], None]) -> None:
+                 visible: Callable[[str], Version | None], unpublish: Callable[[Version], None],
+                 unref: Callable[[Version], None]) -> None:
         self.store = store
         self.inodes = inodes
         self.lock = lock
         self.visible = visible
         self.unpublish = unpublish
+        self.unref = unref  # drop a reference taken under lock (the facade closes a finished version's fd)
         self.as_root = hasattr(os, "geteuid") and os.geteuid() == 0
 
     def staging_name(self) -> str:
         return f"{STAGING}/{uuid.uuid4().hex}"
+
     def new_owner(self, path: str, caller: Caller) -> tuple[int, int]:
         """Owner of a new file, directory, node or link at ``path``, as the kernel gives it natively:
         the caller's uid, and the caller's gid unless the parent directory is setgid (then its gid)."""
@@ -113,6 +116,7 @@ class Staging:
         except OSError:
             pass
         return caller.uid, gid
+
     def new_version(self, path: str, mode: int, caller: Caller, src: Version | None = None,
                      src_fd: int | None = None, like: os.stat_result | None = None,
                      xattrs_from: int | None = None) -> Version:
@@ -161,6 +165,7 @@ class Staging:
             self.drop_staging(v)
             raise
         return v
+
     def copy_xattrs(self, src: int, dst: int) -> None:
         """Copy every extended attribute (user.*, ACLs, security labels) of the open file ``src`` to
         ``dst``, except ``security.capability``: natively any write drops it, and a rewrite through
@@ -178,7 +183,11 @@ class Staging:
                 if e.errno in (errno.EIO, errno.ENOSPC, errno.EDQUOT):
                     raise  # the disk failed: the caller must hear it
                 log.debug("xattr %s not copied to the new version: %s", n, e)  # (not permitted, unsupported)
+
     def drop_staging(self, v: Version) -> None:
+        """Remove a version that was never published (its inode number mapping goes too)."""
+        if v.ino:
+            self.inodes.drop(v.ino)
         try:
             self.store.close(v.fd)
         except OSError:
@@ -189,34 +198,42 @@ class Staging:
             pass
         except OSError as e:
             log.warning("could not remove staging %s: %s", v.staging, e)
-    def existing_attrs(self, path: str) -> tuple[os.stat_result | None, int | None, bool]:
-        """(stat, an fd to copy its xattrs from, whether the caller must close that fd) of the
-        version a new one of ``path`` replaces, if any."""
+
+    def existing_attrs(self, path: str) -> tuple[os.stat_result | None, int | None, Callable[[], None]]:
+        """(stat, an fd to copy its xattrs from, what to call when done with that fd) of the
+        version a new one of ``path`` replaces, if any.  A staged version is referenced while its
+        fd is used (no release closes it, and no other file gets its number, meanwhile)."""
         with self.lock:
             v = self.visible(path)
+            if v is not None and v.fd >= 0:
+                v.refs += 1
+            else:
+                v = None
         if v is not None:
             try:
-                return self.store.fstat(v.fd), v.fd, False
+                return self.store.fstat(v.fd), v.fd, lambda: self.unref(v)
             except OSError:
-                pass
+                self.unref(v)
         try:
             st = self.store.lstat(path)
         except OSError:
-            return None, None, False
+            return None, None, _nothing
         if not stat.S_ISREG(st.st_mode):
-            return None, None, False
+            return None, None, _nothing
         try:
-            return st, self.store.open(path, os.O_RDONLY | os.O_NONBLOCK), True
+            fd = self.store.open(path, os.O_RDONLY | os.O_NONBLOCK)
         except FileNotFoundError:
-            return None, None, False  # replaced meanwhile; an I/O error reaches the caller
+            return None, None, _nothing  # replaced meanwhile; an I/O error reaches the caller
+        return st, fd, lambda: self.store.close(fd)
+
     def new_version_like(self, path: str, mode: int, caller: Caller) -> Version:
         """A new, empty version of ``path`` with the attributes of the version it replaces (if any)."""
-        like, xfd, close = self.existing_attrs(path)
+        like, xfd, done = self.existing_attrs(path)
         try:
             return self.new_version(path, mode, caller, like=like, xattrs_from=xfd)
         finally:
-            if close and xfd is not None:
-                self.store.close(xfd)
+            done()
+
     def change(self, v: Version | None, change: Callable[[Version], None], what: str) -> bool:
         """Apply ``change`` to v's staged bytes if v is still open; False if it is not.
 
@@ -236,15 +253,21 @@ class Staging:
                 raise
             v.dirty = True
             return True
+
     def truncated(self, length: int) -> Callable[[Version], None]:
         def change(v: Version) -> None:
             self.store.ftruncate(v.fd, length)
             v.digest.truncated(length)
             v.size = length
         return change
+
     def poison(self, v: Version, reason: str, code: int | None = None) -> None:
         """A write to v failed: its content is unknown, so it must never commit."""
         if v.doomed is None:
             v.doomed = reason
             v.doomed_errno = code
         self.unpublish(v)
+
+
+def _nothing() -> None:
+    pass
