@@ -1,4 +1,11 @@
-"""The ckptfs filesystem logic, independent of FUSE.
+"""The facade: the filesystem's requests, independent of FUSE (adapter -> facade -> engine -> store).
+
+:class:`CkptFS` checks paths (``.ckptfs`` invisible, the committed view read-only), keeps the open
+handles, and dispatches to the engine: :class:`~ckptfs.engine.staged.Staging` (new versions, staged
+bytes), :class:`~ckptfs.engine.commit.CommitEngine` (seal, install, namespace operations),
+:class:`~ckptfs.engine.groups.GroupEngine` (checkpoint groups),
+:class:`~ckptfs.integrity.reads.Integrity` (verified reads).  It announces what changed through
+``self.events`` (events.py).
 
 Paths are mount-relative without a leading slash ("" is the root).  Every
 method raises ``OSError`` with an errno on failure; the FUSE adapter only
@@ -15,7 +22,7 @@ I3  A version closed by a process dying of a signal, unlinked while open, or
     failing its format check is never installed.
 I4  Internal metadata (``.ckptfs``) is invisible and unreachable via the mount.
 I5  Lock order: ``commit_lock`` before ``lock``; never block on disk while
-    holding ``lock`` alone.
+    holding ``lock`` (it guards the in-memory tables only; tests/test_arch_defects.py).
 """
 
 from __future__ import annotations
@@ -107,7 +114,7 @@ def reserved(path: str) -> bool:
 
 class CkptFS:
     """Crash-consistent checkpoint filesystem over a BackingStore: the facade (path checks and
-    dispatch to the engine: engine/commit.py, group_ops.py, integrity.py)."""
+    dispatch to the engine: engine/commit.py, engine/groups.py, integrity/reads.py)."""
 
     commit_engine: type[CommitEngine] = CommitEngine  # (the model checker's known-bad variants subclass it)
 
@@ -165,21 +172,21 @@ class CkptFS:
         self.commit_lock = self.commit.commit_lock
         self.committer = self.commit.committer
         self.staging = Staging(store, self.inodes, self.lock, self._visible, self.commit.unpublish, self._unref)
-        self.grp = GroupEngine(  # checkpoint groups (group_ops.py)
+        self.grp = GroupEngine(  # checkpoint groups (engine/groups.py)
             store=store, journal=self.journal, rules=self.rules, records=self.records, groups=self.groups,
             pending=self.pending, queued=self.queued, aborts=self.aborts, lock=self.lock,
             commit_lock=self.commit_lock, stats=self.stats, gens=self.gens, events=self.events,
             barrier=self.commit.barrier, ns_op=self.commit.ns_op, children_pending=self._children_pending,
             lexists=self._lexists)
         self.commit.groups = self.grp
-        # verify-on-read, on demand and in the background (integrity.py)
+        # verify-on-read, on demand and in the background (integrity/reads.py)
         self.integrity = Integrity(store, self.records, self.gens, self.commit_lock, self.stats, self.grp.note_corrupt,
                                    on_corrupt=on_corrupt, scrub_interval=scrub_interval,
                                    scrub_rate_mb=scrub_rate_mb, metadata_problems=self.recovery.problems)
         self._stop = threading.Event()
         self._housekeeper: threading.Thread | None = None
         if housekeeping_interval > 0:
-            exits.watcher()  # process exit events from now on (group_ops._judge_tentative)
+            exits.watcher()  # process exit events from now on (engine/groups.py _judge_tentative)
             self._housekeeper = threading.Thread(target=self._housekeep, args=(housekeeping_interval,),
                                                  name="ckptfs-housekeeper", daemon=True)
             self._housekeeper.start()
@@ -1154,7 +1161,7 @@ class CkptFS:
             self.grp.gc()
             return
         if name == X_CONTROL:
-            self.integrity.control(path, value)  # verify / scrub on demand (integrity.py)
+            self.integrity.control(path, value)  # verify / scrub on demand (integrity/reads.py)
             return
         if name.startswith(PREFIX):
             raise _err(errno.EPERM, f"ckptfs: {name} is a read-only status attribute")

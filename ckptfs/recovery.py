@@ -203,7 +203,7 @@ def _reseal(store: BackingStore, files: dict[str, FileRecord], g: GroupState) ->
 
 
 def _settle_trashed(store: BackingStore, files: dict[str, FileRecord], groups: dict[str, GroupState]) -> list[str]:
-    """Deferred deletions (group_ops G9): purge if a newer sibling sealed, else put the group back."""
+    """Deferred deletions (engine/groups.py G9): purge if a newer sibling sealed, else put the group back."""
     notes: list[str] = []
     for path, g in list(groups.items()):
         if g.state != TRASHED:

@@ -1,4 +1,4 @@
-"""keep_cache (pagecache.py) on a real mount: a reopened, unchanged, verified
+"""keep_cache (ckptfs/fuse/pagecache.py) on a real mount: a reopened, unchanged, verified
 version is served from the kernel's page cache; anything that changes what the
 path shows (a new install of the same size, a refused version whose bytes went
 through the kernel's page cache, a change behind ckptfs' back that triggers a

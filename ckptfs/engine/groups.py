@@ -635,7 +635,7 @@ class GroupEngine:
             g.reason = f"writer killed: {why}"
 
     def note_corrupt(self, path: str, detail: str) -> None:
-        """A committed file failed verification (integrity.py).  Never blocks: the sealed group holding
+        """A committed file failed verification (integrity/reads.py).  Never blocks: the sealed group holding
         it is marked and quarantined by the next sweep (listing its parent, looking it up, or the
         housekeeper within a second), so resume logic falls back to the newest good group."""
         g = self.group_of(path)

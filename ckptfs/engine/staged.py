@@ -1,4 +1,5 @@
-"""Staged versions and open-file handles (in-memory state of the write path).
+"""Staged versions and open-file handles (in-memory state of the write path), and :class:`Staging`,
+which makes new versions and changes their bytes.
 
 A :class:`Version` is one shadow copy in ``.ckptfs/staging``: the bytes a path
 will hold once committed.  Life cycle::

@@ -179,7 +179,7 @@ class Integrity:
             ev["chunk"] = f.chunk
         self.events.append(ev)
         log.error("integrity: %s corrupt (%s, caught by %s): %s", path, f.kind, f.mechanism, f.detail)
-        self.on_corrupt_found(path, f"{f.kind}: {f.detail}")  # its group is hidden (group_ops.py)
+        self.on_corrupt_found(path, f"{f.kind}: {f.detail}")  # its group is hidden (engine/groups.py)
 
     def _hash_chunk(self, path: str, fd: int, s: VState, i: int) -> bytes:
         """Read, hash and check chunk i; mark it verified or the state corrupt (EIO)."""
