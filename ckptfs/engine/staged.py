@@ -239,8 +239,9 @@ class Staging:
         """Apply ``change`` to v's staged bytes if v is still open; False if it is not.
 
         The one place staged bytes change (write, truncate by handle, truncate by path).  The state
-        is checked under ``v.lock``, which a seal also holds: a version leaves ``open`` only under
-        that lock, so once frozen its bytes and its record agree (versions.py).  A change that fails
+        is checked under ``v.lock``, which a seal holds while it freezes the version (engine/commit.py),
+        so once sealed its bytes and its record agree; a version is discarded only when no writer
+        has it open.  A change that fails
         poisons v: its content is unknown, so it never commits."""
         if v is None:
             return False
