@@ -33,8 +33,12 @@ def wheel(tmp_path_factory) -> Path:
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
         ".git", "build", "*.egg-info", "__pycache__", ".pytest_cache", ".ruff_cache", ".hypothesis", ".venv"))
     out = tmp / "dist"
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-                        "-q", "-w", str(out), str(src)], capture_output=True, text=True, timeout=300)
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(src)]
+    # offline with the installed setuptools first; where it cannot build wheels (setuptools < 70.1
+    # without the wheel package), the way `pip install .` does it: an isolated build environment
+    r = subprocess.run([*cmd, "--no-build-isolation", "--no-index"], capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     wheels = list(out.glob("ckptfs-*.whl"))
     assert len(wheels) == 1, wheels
