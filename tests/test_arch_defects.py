@@ -14,30 +14,13 @@ import threading
 from pathlib import Path
 
 import pytest
-import torch
 
 from ckptfs.backing import OsBackingStore
 from ckptfs.fs import CkptFS
 from ckptfs.layout import TRASH
+from ckptfs_testing.direct import torch_bytes as _torch_bytes
+from ckptfs_testing.direct import write_file as _write
 from ckptfs_testing.faults import FaultyStore
-
-
-def _write(fs: CkptFS, path: str, data: bytes, pid: int = 0) -> None:
-    from ckptfs.fs import Caller
-    caller = Caller(pid=pid)
-    fh = fs.create(path, 0o644, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, caller)
-    try:
-        fs.write(fh, data, 0, caller)
-        fs.flush(fh, caller)
-    finally:
-        fs.release(fh, caller)
-
-
-def _torch_bytes(x: float) -> bytes:
-    import io
-    buf = io.BytesIO()
-    torch.save({"w": torch.full((4,), x)}, buf)
-    return buf.getvalue()
 
 
 def test_gc_keeps_the_trash_of_a_deletion_in_progress(tmp_path: Path) -> None:

@@ -8,7 +8,6 @@ real mount, from the daemon's log."""
 from __future__ import annotations
 
 import errno
-import io
 import os
 import signal
 import subprocess
@@ -24,23 +23,9 @@ from ckptfs.backing import OsBackingStore
 from ckptfs.events import Event
 from ckptfs.fs import Caller, CkptFS
 from ckptfs.rules import RuleSet
+from ckptfs_testing.direct import torch_bytes as _pt
+from ckptfs_testing.direct import write_file as _write
 from ckptfs_testing.faults import FaultyStore
-
-
-def _pt(x: float) -> bytes:
-    buf = io.BytesIO()
-    torch.save({"w": torch.full((4,), x)}, buf)
-    return buf.getvalue()
-
-
-def _write(fs: CkptFS, path: str, data: bytes, pid: int = 0) -> None:
-    c = Caller(pid=pid)
-    fh = fs.create(path, 0o644, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, c)
-    try:
-        fs.write(fh, data, 0, c)
-        fs.flush(fh, c)
-    finally:
-        fs.release(fh, c)
 
 
 def _save(fs: CkptFS, step: int) -> str:

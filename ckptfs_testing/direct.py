@@ -1,0 +1,28 @@
+"""Helpers for tests that drive the filesystem object directly (no mount)."""
+
+from __future__ import annotations
+
+import io
+import os
+
+import torch
+
+from ckptfs.fs import Caller, CkptFS
+
+
+def write_file(fs: CkptFS, path: str, data: bytes, pid: int = 0) -> None:
+    """create + write + close (flush, release) of ``path`` by process ``pid``."""
+    c = Caller(pid=pid)
+    fh = fs.create(path, 0o644, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, c)
+    try:
+        fs.write(fh, data, 0, c)
+        fs.flush(fh, c)
+    finally:
+        fs.release(fh, c)
+
+
+def torch_bytes(x: float) -> bytes:
+    """A small real ``torch.save`` archive."""
+    buf = io.BytesIO()
+    torch.save({"w": torch.full((4,), x)}, buf)
+    return buf.getvalue()
