@@ -35,6 +35,7 @@ import os
 import re
 import stat
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -46,6 +47,7 @@ from ckptfs.engine.generations import Generations
 from ckptfs.engine.groups import GroupEngine
 from ckptfs.engine.seals import CORRUPT, OPEN, SEALED, GroupState, SealError, read_seal
 from ckptfs.engine.staged import NOBODY, Caller, Handle, Staging, Version
+from ckptfs.engine.visibility import Visibility
 from ckptfs.inodes import InodeMap
 from ckptfs.integrity.reads import Integrity
 from ckptfs.layout import COMMITTED_VIEW, move_prefix, parent
@@ -110,6 +112,9 @@ def is_hidden_name(path: str) -> bool:
 
 def reserved(path: str) -> bool:
     return is_meta(path) or is_view(path)
+
+
+READER_DRAIN_SECONDS = 2.0  # how long an O_TRUNC rewrite of a checkpoint file waits for cached readers
 
 
 class CkptFS:
@@ -179,6 +184,10 @@ class CkptFS:
             barrier=self.commit.barrier, ns_op=self.commit.ns_op, children_pending=self._children_pending,
             lexists=self._lexists)
         self.commit.groups = self.grp
+        # what other processes see of a file being written; what a killed writer leaves (V1, V2)
+        self.vis = Visibility(self.rules, lambda p: self.grp.group_of(p) is not None)
+        self.isolate_writers = os.environ.get("CKPTFS_WRITER_DIRECT_IO", "1") != "0"
+        self.arriving: dict[str, int] = {}  # checkpoint paths an O_TRUNC rewrite is about to start at
         # verify-on-read, on demand and in the background (integrity/reads.py)
         self.integrity = Integrity(store, self.records, self.gens, self.commit_lock, self.stats, self.grp.note_corrupt,
                                    on_corrupt=on_corrupt, scrub_interval=scrub_interval,
@@ -231,9 +240,19 @@ class CkptFS:
         return self._visible(path) is not None or self.store.exists(path)
 
     def _visible(self, path: str) -> Version | None:
-        """The staged version readers of ``path`` see (read-your-writes), if any."""
+        """The staged version of ``path`` its writers see (read-your-writes), if any."""
         with self.lock:
             return self.pending.get(path) or self.queued.get(path)
+
+    def _seen_by(self, path: str, caller: Caller) -> Version | None:
+        """The staged version of ``path`` that ``caller`` sees, if any: None while it is a checkpoint
+        file being written by another process (V1, engine/visibility.py; /proc reads: never under
+        ``lock``)."""
+        v = self._visible(path)
+        if v is not None and self.vis.isolated(v, caller):
+            self.stats["isolated_lookups"] += 1
+            return None
+        return v
 
     def _children_pending(self, path: str) -> bool:
         pre = path + "/" if path else ""
@@ -280,6 +299,16 @@ class CkptFS:
             fd = self.commit.take_fd(v)
         self.commit.close_quiet(fd)
 
+    def direct_io(self, fh: int) -> bool:
+        """Whether the open that returned ``fh`` bypasses the kernel's page cache: a writer (not an
+        appender) of a checkpoint file.  The cache belongs to the path's kernel inode, which readers
+        of the committed version share; a writer's bytes copied into it would reach them (V1)."""
+        h = self.handles.get(fh)
+        if h is None:
+            return False
+        return h.direct or (h.writable and not h.appending and self.isolate_writers
+                            and self.vis.checkpoint_file(h.path))
+
     def handles_at(self, path: str) -> list[int]:
         """The open handles at ``path``."""
         with self.lock:
@@ -322,7 +351,7 @@ class CkptFS:
             "st_blocks": st.st_blocks, "st_blksize": st.st_blksize, "st_rdev": st.st_rdev,
         }
 
-    def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
+    def getattr(self, path: str, fh: int | None = None, caller: Caller = NOBODY) -> dict[str, Any]:
         path = self.norm(path)
         if is_view(path):
             return self._st(self.store.lstat(self._view_real(path)))
@@ -337,7 +366,7 @@ class CkptFS:
         if path in self.hidden:
             return self._st(self._on_hidden(path, self.store.fstat))
         self._check_visible(path)
-        v = self._visible(path)
+        v = self._seen_by(path, caller)
         if v is not None:
             try:
                 return self._st(self.store.fstat(v.fd))
@@ -354,7 +383,7 @@ class CkptFS:
             self.grp.quarantine_corrupt(g)
         return self._st(self.store.lstat(path))
 
-    def readdir(self, path: str) -> list[tuple[str, dict[str, int], int]]:
+    def readdir(self, path: str, caller: Caller = NOBODY) -> list[tuple[str, dict[str, int], int]]:
         """Entries of directory ``path``: (name, {st_ino, st_mode type bits}, 0).  The mount reports
         backing inode numbers (``use_ino``: hard links share one), so every entry carries its own."""
         path = self.norm(path)
@@ -376,12 +405,15 @@ class CkptFS:
             entries.pop(META_DIR, None)
         pre = path + "/" if path else ""
         with self.lock:
-            for p, v in (*self.pending.items(), *self.queued.items()):
-                if p.startswith(pre) and "/" not in p[len(pre):] and p[len(pre):] not in entries:
-                    try:
-                        entries[p[len(pre):]] = (self.store.fstat(v.fd).st_ino, stat.S_IFREG)
-                    except OSError:
-                        pass
+            new = [(p, v) for p, v in (*self.pending.items(), *self.queued.items())
+                   if p.startswith(pre) and "/" not in p[len(pre):] and p[len(pre):] not in entries]
+        for p, v in new:  # a new file being written: listed for whoever sees it (V1)
+            if self.vis.isolated(v, caller):
+                continue
+            try:
+                entries[p[len(pre):]] = (self.store.fstat(v.fd).st_ino, stat.S_IFREG)
+            except OSError:
+                pass
         rep = self.inodes.reported
         return [*self._dots(path),
                 *((n, {"st_ino": rep(ino), "st_mode": t}, 0) for n, (ino, t) in sorted(entries.items()))]
@@ -437,9 +469,12 @@ class CkptFS:
             if not self.store.exists(parent(path)):
                 raise _err(errno.ENOENT)
 
-        return self._new_fh(Handle(path=path, writable=True, version=self._publish_new(path, mode, caller, check)))
+        app = bool(flags & os.O_APPEND)
+        return self._new_fh(Handle(path=path, writable=True, appending=app,
+                                   version=self._publish_new(path, mode, caller, check, app)))
 
-    def _publish_new(self, path: str, mode: int, caller: Caller, check: Callable[[], None]) -> Version:
+    def _publish_new(self, path: str, mode: int, caller: Caller, check: Callable[[], None],
+                     appending: bool = False) -> Version:
         """A new, empty version of ``path`` (create, open with O_TRUNC), made outside ``lock`` (I5:
         it is disk work) and published under it, where readers and writers of ``path`` find it.
 
@@ -459,6 +494,8 @@ class CkptFS:
                         old.unlinked = True  # superseded: never installed
                     self.pending[path] = nv
                     nv.refs = nv.writers = 1
+                    nv.writer_pids.add(caller.pid)
+                    nv.appending = appending
                     return nv
             self.staging.drop_staging(nv)
             self.stats["publish_retries"] += 1
@@ -474,27 +511,100 @@ class CkptFS:
             if stat.S_ISDIR(self.store.lstat(real).st_mode):
                 raise _err(errno.EISDIR)
             return self._new_fh(Handle(path=real, writable=False, fd=self.store.open(real, os.O_RDONLY)))
+        if path in self.hidden:
+            return self._open_hidden(path, flags, caller)
         self._check_visible(path)
+        app = bool(flags & os.O_APPEND)
         if writable and flags & os.O_TRUNC:
             self.grp.note_write(path, caller.pid)
-            # (_stat_or_stale is disk work, and with --on-corrupt rollback a hash: never under lock, I5)
-            nv = self._publish_new(path, 0, caller, lambda: self._stat_or_stale(path))
-            return self._new_fh(Handle(path=path, writable=True, version=nv))
+            drain = not app and self.isolate_writers and self.vis.checkpoint_file(path)
+            if drain:
+                self._drain_readers(path, caller)
+            try:
+                # (_stat_or_stale is disk work, and with --on-corrupt rollback a hash: never under lock, I5)
+                nv = self._publish_new(path, 0, caller, lambda: self._stat_or_stale(path), app)
+            finally:
+                if drain:
+                    with self.lock:
+                        self.arriving[path] -= 1
+                        if not self.arriving[path]:
+                            del self.arriving[path]
+            return self._new_fh(Handle(path=path, writable=True, appending=app, version=nv, pid=caller.pid))
+        hidden_v = None if writable else self._visible(path)
+        if hidden_v is not None and not self.vis.isolated(hidden_v, caller):
+            hidden_v = None
         with self.lock:
             v = self._visible(path)
+            if v is not None and v is hidden_v and v.state == staged.OPEN:
+                v = None  # a checkpoint file another process is writing: the committed one (V1)
+                self.stats["isolated_opens"] += 1
             if v is not None:
                 v.refs += 1
                 if writable:
                     v.writers += 1
-                return self._new_fh(Handle(path=path, writable=writable, version=v))
-        st_mode = self._stat_or_stale(path)["st_mode"]
+                    v.writer_pids.add(caller.pid)
+                    v.appending |= app
+                return self._new_fh(Handle(path=path, writable=writable, appending=app, version=v, pid=caller.pid))
+        st_mode = self._stat_or_stale(path, caller)["st_mode"]
         if stat.S_ISDIR(st_mode):
             raise _err(errno.EISDIR)
         fd, chk = self.integrity.open_committed(path, self.store.open(path, os.O_RDONLY))  # EIO if corrupt
         self.integrity.bind(fd, chk)
-        return self._new_fh(Handle(path=path, writable=writable, fd=fd))
+        # a reader of a checkpoint file another process is rewriting reads past the kernel's page
+        # cache and its size, which belong to the path's inode the writer shares (V1)
+        direct = not writable and (hidden_v is not None or path in self.arriving)
+        return self._new_fh(Handle(path=path, writable=writable, appending=app, fd=fd, pid=caller.pid,
+                                   direct=direct))
 
-    def _stat_or_stale(self, path: str) -> dict[str, Any]:
+    def _open_hidden(self, path: str, flags: int, caller: Caller) -> int:
+        """Open of a file libfuse has just hidden (``.fuse_hidden*``): the kernel looked the name up
+        before a rename replaced it or an unlink removed it, and opens that file, as natively."""
+        writable = flags & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR)
+        with self.lock:
+            for h in self.handles.values():
+                if h.path != path:
+                    continue
+                v = h.version
+                if v is not None and v.fd >= 0:
+                    v.refs += 1
+                    if writable:
+                        v.writers += 1
+                    return self._new_fh(Handle(path=path, writable=writable, version=v, pid=caller.pid))
+                if h.fd is not None:
+                    fd = self.store.dup(h.fd)
+                    self.integrity.bind(fd, self.integrity.checks.get(h.fd))
+                    return self._new_fh(Handle(path=path, writable=writable, fd=fd, pid=caller.pid))
+        raise _err(errno.ENOENT)
+
+    def _drain_readers(self, path: str, caller: Caller) -> None:
+        """Before an O_TRUNC rewrite of checkpoint file ``path`` by ``caller``: readers that open it
+        from now on bypass the page cache (``arriving``); wait, at most READER_DRAIN_SECONDS, for
+        other processes' readers that opened it before, through the page cache, to close (their
+        cached reads would be cut at the size the kernel learns from the writer, V1)."""
+        with self.lock:
+            self.arriving[path] = self.arriving.get(path, 0) + 1
+        deadline = time.monotonic() + READER_DRAIN_SECONDS
+        me = procinfo.tgid(caller.pid) if caller.pid > 0 else 0
+        waited = False
+        while True:
+            with self.lock:
+                pids = {h.pid for h in self.handles.values()
+                        if h.path == path and not h.writable and not h.direct and h.pid > 0}
+            if me:
+                pids = {p for p in pids if procinfo.tgid(p) != me}
+            if not pids:
+                break
+            if time.monotonic() > deadline:
+                self.stats["reader_drain_timeouts"] += 1
+                log.warning("%s: rewritten while process(es) %s still read it through the page cache "
+                            "(waited %.0f s): what they read next may mix versions", path,
+                            sorted(pids), READER_DRAIN_SECONDS)
+                break
+            waited = True
+            time.sleep(0.005)
+        if waited:
+            self.stats["reader_drain_waits"] += 1
+    def _stat_or_stale(self, path: str, caller: Caller = NOBODY) -> dict[str, Any]:
         """getattr for open(); a missing path gives ESTALE, not ENOENT.
 
         The kernel sends OPEN (never CREATE, and without O_CREAT) when it still
@@ -504,7 +614,7 @@ class CkptFS:
         application's open flags say.
         """
         try:
-            return self.getattr(path)
+            return self.getattr(path, caller=caller)
         except FileNotFoundError:
             raise _err(errno.ESTALE, f"{path}: vanished") from None
 
@@ -544,6 +654,8 @@ class CkptFS:
                         cur.unlinked = True
                     self.pending[h.path] = nv
                 nv.refs = nv.writers = 1
+                nv.writer_pids.add(caller.pid)
+                nv.appending = h.appending
                 h.version = nv
             self.commit.close_quiet(old_fd)
             return nv
@@ -572,6 +684,9 @@ class CkptFS:
 
         def change(v: Version) -> None:
             nonlocal written
+            if offset < v.base:
+                v.extends = False  # committed bytes rewritten: all-or-nothing if its writer dies (V2)
+            v.writer_pids.add(caller.pid)
             written = n = self.store.pwrite(v.fd, data, offset)
             v.digest.update(data, offset)
             end = offset + n
@@ -617,8 +732,18 @@ class CkptFS:
         if v.doomed:
             # the errno of the failed write (ENOSPC stays ENOSPC at close), else EIO
             raise _err(v.doomed_errno or errno.EIO, f"ckptfs: {v.path} not committed: {v.doomed}")
+        if caller.pid > 0 and caller.pid not in v.writer_pids and self.vis.relation(v, caller.pid) == "descendant":
+            # a child closing the copy of the writer's fd it inherited (fork + exec: close-on-exec; or
+            # its exit, even by a signal): natively nothing happens to the file; the writer's close decides
+            self.stats["inherited_flushes"] += 1
+            return
         sig = procinfo.killing_signal(caller.pid)
-        if sig:
+        if sig and self.vis.keeps_prefix(v, self.store.pread(v.fd, 16, 0)):
+            # a log extended by a process that died: its bytes are kept, as natively (V2)
+            log.warning("writer pid %d of %s killed by signal %d: committing the %d bytes it had written "
+                        "(it only extended the file)", caller.pid, v.path, sig, v.size - v.base)
+            self.stats["killed_appends_kept"] += 1
+        elif sig:
             v.doomed = f"writer pid {caller.pid} killed by signal {sig}"
             self.grp.writer_killed(v.path, v.doomed)
             self.commit.unpublish(v)

@@ -52,6 +52,16 @@ def tgid(pid: int) -> int:
     return pid
 
 
+def parent(pid: int) -> int | None:
+    """The parent process id of ``pid`` (None if unknown)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+        return int(text[text.rindex(")") + 2 :].split()[1])  # field 4
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def is_alive(pid: int) -> bool:
     """True while ``pid`` exists and is not a zombie (or when /proc cannot tell)."""
     try:

@@ -60,6 +60,11 @@ class Version:
     lock: threading.Lock = field(default_factory=threading.Lock)
     record: FileRecord | None = None
     ino: int = 0  # backing inode number of the staging file (inodes.InodeMap)
+    # who may see it and what a killed writer leaves (engine/visibility.py, V1 and V2)
+    writer_pids: set[int] = field(default_factory=set)  # callers (thread ids) that opened it for writing
+    appending: bool = False  # opened with O_APPEND: a log, never isolated from readers
+    base: int = 0  # size of the committed bytes it started from (0: a new or truncated file)
+    extends: bool = True  # only extends those bytes: no write below ``base``, no truncate below it
 
 
 @dataclass(eq=False)
@@ -68,6 +73,9 @@ class Handle:
     writable: bool
     fd: int | None = None  # backing fd of the committed file (reads before first write)
     version: Version | None = None
+    appending: bool = False  # opened with O_APPEND (engine/visibility.py)
+    pid: int = 0  # the caller that opened it
+    direct: bool = False  # bypasses the kernel page cache (fs.CkptFS.direct_io)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -155,13 +163,15 @@ class Staging:
                 self.copy_xattrs(xattrs_from, fd)
             if src is not None:
                 self.store.copy_range(src.fd, fd, src.size)
-                v.size = src.size
+                v.size = v.base = src.size
                 v.digest = src.digest.copy()
             elif src_fd is not None:
                 size = self.store.fstat(src_fd).st_size
                 self.store.copy_range(src_fd, fd, size)
-                v.size = size
+                v.size = v.base = size
                 v.digest.stale = size > 0
+            else:  # empty: extends nothing only if it replaces bytes (O_TRUNC of a non-empty file)
+                v.extends = like is None or like.st_size == 0
         except OSError:
             self.drop_staging(v)
             raise
@@ -258,6 +268,8 @@ class Staging:
 
     def truncated(self, length: int) -> Callable[[Version], None]:
         def change(v: Version) -> None:
+            if length < v.base:
+                v.extends = False  # committed bytes cut: all-or-nothing if its writer dies (V2)
             self.store.ftruncate(v.fd, length)
             v.digest.truncated(length)
             v.size = length

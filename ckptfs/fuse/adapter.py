@@ -81,10 +81,10 @@ def make_operations(mfusepy: Any, fs: CkptFS) -> Any:
             fs.shutdown()
 
         def getattr(self, path: str | None, fh: int | None = None) -> dict[str, Any]:
-            return fs.getattr(path or "", fh)
+            return fs.getattr(path or "", fh, caller())
 
         def readdir(self, path: str, fh: int) -> list[Any]:
-            return fs.readdir(path)
+            return fs.readdir(path, caller())
 
         def readlink(self, path: str) -> str:
             return fs.readlink(path)
@@ -100,6 +100,10 @@ def make_operations(mfusepy: Any, fs: CkptFS) -> Any:
 
         def open(self, path: str, flags: int) -> int:
             return fs.open(path, flags, caller())
+
+        def open_direct_io(self, fh: int) -> bool:
+            """Whether the open or create that returned ``fh`` bypasses the page cache (fs.direct_io)."""
+            return fs.direct_io(fh)
 
         def open_keep_cache(self, fh: int) -> bool:
             """Whether the open that returned ``fh`` may keep the kernel's cached pages."""
@@ -209,6 +213,15 @@ def make_fuse_class(mfusepy: Any) -> type:
             fh = self.operations.open(path.decode(self.encoding, self.errors), fi.flags)
             fi.fh = fh
             fi.keep_cache = 1 if self.operations.open_keep_cache(fh) else 0
+            fi.direct_io = 1 if self.operations.open_direct_io(fh) else 0
+            return 0
+
+        def create(self, path: bytes, mode: int, fip: Any) -> int:
+            """create, with the open flags and the page-cache choice (direct_io) of the new handle."""
+            fi = fip.contents
+            fh = self.operations.create(path.decode(self.encoding, self.errors), mode, fi.flags)
+            fi.fh = fh
+            fi.direct_io = 1 if self.operations.open_direct_io(fh) else 0
             return 0
 
         def read(self, path: bytes | None, buf: Any, size: int, offset: int, fip: Any) -> int:
