@@ -187,6 +187,7 @@ class CkptFS:
         # what other processes see of a file being written; what a killed writer leaves (V1, V2)
         self.vis = Visibility(self.rules, lambda p: self.grp.group_of(p) is not None)
         self.isolate_writers = os.environ.get("CKPTFS_WRITER_DIRECT_IO", "1") != "0"
+        self.killing_signal = procinfo.killing_signal  # is a closing process dying? (a seam for the model checker)
         self.arriving: dict[str, int] = {}  # checkpoint paths an O_TRUNC rewrite is about to start at
         # verify-on-read, on demand and in the background (integrity/reads.py)
         self.integrity = Integrity(store, self.records, self.gens, self.commit_lock, self.stats, self.grp.note_corrupt,
@@ -737,7 +738,7 @@ class CkptFS:
             # its exit, even by a signal): natively nothing happens to the file; the writer's close decides
             self.stats["inherited_flushes"] += 1
             return
-        sig = procinfo.killing_signal(caller.pid)
+        sig = self.killing_signal(caller.pid)
         if sig and self.vis.keeps_prefix(v, self.store.pread(v.fd, 16, 0)):
             # a log extended by a process that died: its bytes are kept, as natively (V2)
             log.warning("writer pid %d of %s killed by signal %d: committing the %d bytes it had written "

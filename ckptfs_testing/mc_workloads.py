@@ -3,8 +3,8 @@
 A :class:`~ckptfs_testing.modelcheck.Workload` is a function driving CkptFS through a
 :class:`~ckptfs_testing.modelcheck.Driver` plus a list of invariants on the recovered
 visible tree.  The workloads (:data:`WORKLOADS`): single files, overwrites, checkpoint groups
-sealed by a marker (HF), DCP steps, a pointer rotation, files added after a seal, and re-saves of a
-sealed group (rollback); a new one plugs in by adding a builder there and, where needed, an
+sealed by a marker (HF), DCP steps, a pointer rotation, files added after a seal, re-saves of a
+sealed group (rollback), and logs and checkpoints whose writers are killed (V2); a new one plugs in by adding a builder there and, where needed, an
 invariant such as :func:`group_whole`.
 
 Every file written is a real ``torch.save`` archive (``.pt``), JSON, or opaque
@@ -208,15 +208,36 @@ def pointer_rotation(mode: str = "sync", steps: int = 4, compact_every: int = 12
     return Workload(name, mode, run, [pointer_valid(shard_data)], fs_kwargs={"compact_every": compact_every})
 
 
+def append_log(mode: str = "sync") -> Workload:
+    """Logs and checkpoints next to each other, their writers killed (V2): a log appended by a
+    process killed with SIGKILL keeps its lines; a killed truncating rewrite of the log and a killed
+    torch.save over model.pt and over a log-looking name that holds a checkpoint leave the old
+    content."""
+    def run(d: Driver) -> None:
+        head = b"step,loss\n"
+        d.save("train.log", head)
+        model = torch_bytes(800, 512)
+        d.save("model.pt", model)
+        lines = b"".join(b"%d,%f\n" % (i, 1.0 / (i + 1)) for i in range(40))
+        d.killed_writer("train.log", head, lines, append=True)  # kept
+        d.killed_writer("train.log", head + lines, b"step,loss\n0,9\n", append=False)  # rewrite: not kept
+        d.killed_writer("model.pt", model, torch_bytes(801, 512), append=False)  # complete, yet not kept
+        d.killed_writer("model.pt", model, b"appended junk", append=True)  # a checkpoint file: not kept
+        if not d.sync:
+            d.fsyncdir()
+
+    return Workload("append_log" if mode == "sync" else "async_append_log", mode, run)
+
+
 def workloads(scale: str = "bounded") -> list[Workload]:
     """The representative workloads; ``full`` is larger than ``bounded`` (the test suite's)."""
     if scale == "full":
         return [single(), overwrite(versions=4), group(steps=3), dcp(steps=3, shards=8),
                 pointer_rotation(steps=6), pointer_rotation("async", steps=6),
                 dcp("async", steps=3, shards=8), late(), late("async"), resave(), resave("async"),
-                resave(by_rename=True)]
+                resave(by_rename=True), append_log(), append_log("async")]
     return [single(), overwrite(), group(steps=1), dcp(steps=2, shards=3), pointer_rotation(steps=3),
-            pointer_rotation("async", steps=3), late(), resave()]
+            pointer_rotation("async", steps=3), late(), resave(), append_log()]
 
 
 def with_async_name(w: Workload) -> Workload:
@@ -227,7 +248,7 @@ def with_async_name(w: Workload) -> Workload:
 
 WORKLOADS: dict[str, Callable[..., Workload]] = {
     "single": single, "overwrite": overwrite, "group": group, "dcp": dcp, "pointer_rotation": pointer_rotation,
-    "late": late, "resave": resave,
+    "late": late, "resave": resave, "append_log": append_log,
 }
 
 
@@ -238,6 +259,7 @@ BAD_VARIANTS = (
     "rename_before_intent",  # install: rename before the journal intent is written
     "no_journal_sync",       # install: intent appended without fdatasync
     "ns_no_dir_fsync",       # namespace ops (rename/unlink/mkdir): directories not fsynced
+    "prefix_any",            # V2 wrong: whatever a killed writer wrote is committed (checkpoints too)
 )
 
 
@@ -273,9 +295,15 @@ class BadCommit(CommitEngine):
 
 
 class BadCkptFS(CkptFS):
-    """CkptFS whose commit engine is a :class:`BadCommit`."""
+    """CkptFS whose commit engine is a :class:`BadCommit` (or, ``prefix_any``, whose killed-writer
+    rule keeps every killed writer's bytes)."""
 
     variant = ""
+
+    def __init__(self, *a, **kw) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*a, **kw)
+        if self.variant == "prefix_any":
+            self.vis.keeps_prefix = lambda v, head: True  # type: ignore[method-assign]
 
 
 def bad_factory(variant: str) -> type[CkptFS]:
@@ -287,5 +315,8 @@ def bad_factory(variant: str) -> type[CkptFS]:
 
 def bad_workload(variant: str) -> Workload:
     """The workload that exposes ``variant``: an overwrite (install defects) or pointer update."""
-    w = pointer_rotation(steps=1) if variant == "ns_no_dir_fsync" else overwrite(versions=2)
+    if variant == "prefix_any":
+        w = append_log()
+    else:
+        w = pointer_rotation(steps=1) if variant == "ns_no_dir_fsync" else overwrite(versions=2)
     return dataclasses.replace(w, name=f"{w.name}[bad:{variant}]", fs_factory=bad_factory(variant))

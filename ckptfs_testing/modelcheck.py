@@ -79,6 +79,7 @@ import itertools
 import os
 import random
 import shutil
+import signal
 import stat
 import threading
 import types
@@ -90,6 +91,7 @@ import blake3
 
 from ckptfs import META_DIR
 from ckptfs.backing import BackingStore, OsBackingStore
+from ckptfs.engine.staged import Caller
 from ckptfs.log.journal import STAGING, Journal
 
 MODELS = ("weak", "ext4")
@@ -704,6 +706,9 @@ class Workload:
     fs_kwargs: dict[str, Any] = field(default_factory=dict)  # extra CkptFS keywords (e.g. compact_every)
 
 
+KILLED = Caller(0, 0, 1 << 30)  # a writer the driver reports as dying of SIGKILL when it closes
+
+
 class Driver:
     """Drives CkptFS like an application and records begin/ack markers."""
 
@@ -712,6 +717,8 @@ class Driver:
         self.rec = rec
         self.app = AppOps()
         self.sync = fs.commit_mode == "sync"
+        real = fs.killing_signal
+        fs.killing_signal = lambda pid: signal.SIGKILL if pid == KILLED.pid else real(pid)
 
     def _begin(self, op: tuple) -> None:
         self.app.ops.append(op)
@@ -737,6 +744,32 @@ class Driver:
                 self.ack()
         finally:
             fs.release(fh)
+
+    def killed_writer(self, path: str, old: bytes, data: bytes, append: bool) -> None:
+        """A writer killed by a signal after writing ``data`` to ``path`` (whose committed content
+        is ``old``): appended (``O_APPEND``) or from empty (``O_TRUNC``); its files are closed by
+        the dying process (a FUSE FLUSH with the signal pending).  By V2 (engine/visibility.py) an
+        append to a file that is not a checkpoint file is committed, as natively; anything else
+        leaves ``old``: then no application operation happened at all."""
+        fs = self.fs
+        kept = append and not fs.vis.checkpoint_file(path)
+        if kept:
+            self._begin(("write", path, old + data))
+        fh = fs.open(path, os.O_WRONLY | (os.O_APPEND if append else os.O_TRUNC), KILLED)
+        try:
+            base = len(old) if append else 0
+            for off in range(0, len(data), 4096):
+                fs.write(fh, data[off:off + 4096], base + off, KILLED)
+            try:
+                fs.flush(fh, KILLED)
+            except OSError:
+                if kept:
+                    raise
+                # (a dying process never sees its close's error; the format checks refused it)
+            if kept and self.sync:
+                self.ack()
+        finally:
+            fs.release(fh, KILLED)
 
     def _ns(self, op: tuple, call: Callable[[], None]) -> None:
         self._begin(op)
