@@ -4,7 +4,8 @@ A :class:`~ckptfs_testing.modelcheck.Workload` is a function driving CkptFS thro
 :class:`~ckptfs_testing.modelcheck.Driver` plus a list of invariants on the recovered
 visible tree.  The workloads (:data:`WORKLOADS`): single files, overwrites, checkpoint groups
 sealed by a marker (HF), DCP steps, a pointer rotation, files added after a seal, re-saves of a
-sealed group (rollback), and logs and checkpoints whose writers are killed (V2); a new one plugs in by adding a builder there and, where needed, an
+sealed group (rollback), and logs and checkpoints whose writers are killed (V2); a new one plugs in
+by adding a builder there and, where needed, an
 invariant such as :func:`group_whole`.
 
 Every file written is a real ``torch.save`` archive (``.pt``), JSON, or opaque
