@@ -7,7 +7,6 @@ torch.save over an existing file still leaves the previous version.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,31 +15,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, Mount
+from conftest import Mount
 
-RACE = str(ROOT / "tests" / "workloads" / "race.py")
+from ckptfs_testing.readers import race
+
 N = 30
-
-
-def race(m: Mount, tmp: Path, kind: str, rel: str, mode: str) -> dict:
-    """Run the writer (N saves) against a reader looping loads; the reader's report."""
-    path = str(m.path / rel)
-    subprocess.run([sys.executable, RACE, "write", kind, path, "1", "inplace"], check=True, timeout=120)
-    stop, out = tmp / f"stop-{kind}-{mode}", tmp / f"read-{kind}-{mode}.json"
-    reader = subprocess.Popen([sys.executable, RACE, "read", kind, path, str(stop), str(out)])
-    try:
-        time.sleep(2.0)  # the reader is loading (torch import done) before the first save starts
-        subprocess.run([sys.executable, RACE, "write", kind, path, str(N), mode], check=True, timeout=300)
-        time.sleep(0.5)
-    finally:
-        stop.touch()
-        assert reader.wait(timeout=120) == 0
-    rep = json.loads(out.read_text())
-    rep["final"] = subprocess.run([sys.executable, "-c", (
-        f"import sys; sys.path.insert(0, {str(ROOT / 'tests' / 'workloads')!r}); import race; "
-        f"print(race.generation(race.load({kind!r}, {path!r})))")], check=True, capture_output=True,
-        text=True, timeout=120).stdout.strip()
-    return rep
 
 
 @pytest.mark.parametrize(("kind", "rel", "mode"), [
@@ -50,7 +29,8 @@ def race(m: Mount, tmp: Path, kind: str, rel: str, mode: str) -> dict:
     ("dcp", "step_1", "inplace"),  # DCP shards (__0_0.distcp) inside a checkpoint group
 ])
 def test_reader_never_sees_a_save_in_progress(mnt: Mount, tmp_path: Path, kind: str, rel: str, mode: str) -> None:
-    rep = race(mnt, tmp_path, kind, rel, mode)
+    rep = race(mnt.path, tmp_path, kind, rel, mode, N)
+    assert rep["reader_rc"] == 0
     assert rep["errors"] == [], rep["errors"][:5]
     assert rep["torn"] == 0
     assert rep["loads"] >= 10, rep  # the race ran: the reader loaded while the saves went on

@@ -4,8 +4,9 @@ same path N times, another loads the path in a loop.
     race.py write KIND PATH N MODE      # MODE: inplace | new (unlink, then save as a new file)
     race.py read KIND PATH STOPFILE OUT # loads until STOPFILE exists, then writes a JSON report
 
-KIND: torch (torch.save/torch.load), safetensors (save_file/load_file), dcp (a DCP checkpoint
-directory, dcp.save/dcp.load; PATH is the directory).  Every version's tensors are filled with its
+KIND: torch (torch.save/torch.load), torch-mmap (torch.load(mmap=True): MAP_PRIVATE), npy-mmap
+(np.save / np.load(mmap_mode="r"): MAP_SHARED), safetensors (save_file/load_file: MAP_PRIVATE), dcp
+(a DCP checkpoint directory, dcp.save/dcp.load; PATH is the directory).  Every version's tensors are filled with its
 generation number, so a load is "some committed version" iff all its values are one generation.
 """
 
@@ -27,8 +28,11 @@ def state(gen: int) -> dict[str, torch.Tensor]:
 
 
 def save(kind: str, path: str, gen: int) -> None:
-    if kind == "torch":
+    if kind in ("torch", "torch-mmap"):
         torch.save(state(gen), path)
+    elif kind == "npy-mmap":
+        import numpy as np
+        np.save(path, torch.cat(list(state(gen).values())).numpy())
     elif kind == "safetensors":
         from safetensors.torch import save_file
         save_file(state(gen), path)
@@ -40,6 +44,12 @@ def save(kind: str, path: str, gen: int) -> None:
 def load(kind: str, path: str) -> dict[str, torch.Tensor]:
     if kind == "torch":
         return torch.load(path, weights_only=True)
+    if kind == "torch-mmap":
+        return {k: t.clone() for k, t in torch.load(path, weights_only=True, mmap=True).items()}
+    if kind == "npy-mmap":
+        import numpy as np
+        a = torch.from_numpy(np.array(np.load(path, mmap_mode="r")))
+        return {"a": a[:NUMEL], "b": a[NUMEL:]}
     if kind == "safetensors":
         from safetensors.torch import load_file
         return load_file(path)
