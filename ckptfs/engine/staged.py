@@ -62,6 +62,7 @@ class Version:
     ino: int = 0  # backing inode number of the staging file (inodes.InodeMap)
     # who may see it and what a killed writer leaves (engine/visibility.py, V1 and V2)
     writer_pids: set[int] = field(default_factory=set)  # callers (thread ids) that opened it for writing
+    sees: set[int] = field(default_factory=set)  # other callers found to be its writers' threads or descendants
     appending: bool = False  # opened with O_APPEND: a log, never isolated from readers
     base: int = 0  # size of the committed bytes it started from (0: a new or truncated file)
     extends: bool = True  # only extends those bytes: no write below ``base``, no truncate below it

@@ -82,9 +82,12 @@ class Visibility:
         checkpoint file, not opened for append, and the caller is not its writer."""
         if v.state != OPEN or v.appending or caller is NOBODY or caller.pid <= 0:
             return False
-        if caller.pid in v.writer_pids or not self.checkpoint_file(v.path):
+        if caller.pid in v.writer_pids or caller.pid in v.sees or not self.checkpoint_file(v.path):
             return False
-        return not self.is_writer(v, caller.pid)
+        if self.is_writer(v, caller.pid):
+            v.sees.add(caller.pid)  # (thread ids are not reused while the version is open, in practice)
+            return False
+        return True
 
     @staticmethod
     def relation(v: Version, pid: int) -> str:
