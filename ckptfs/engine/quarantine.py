@@ -248,7 +248,7 @@ def unrecorded(store: BackingStore, table: Table, groups: dict[str, GroupState])
     out = []
     for name in sorted(names):
         k = f"{QUARANTINE}/{name}"
-        if k in table or name.endswith(".tmp"):
+        if k in table:
             continue
         n, nbytes, ctime = on_disk(store, k)
         out.append(Quarantined(kept_at=k, path=_guess_path(store, name, groups), state=UNRECORDED,
