@@ -67,6 +67,7 @@ from ckptfs.status import (
     X_CONTROL,
     X_ERROR,
     X_GC,
+    X_GC_REPORT,
     X_GENERATION,
     X_GROUP,
     X_GROUPS,
@@ -74,6 +75,7 @@ from ckptfs.status import (
     X_LINEAGE,
     X_MANIFEST_FILES,
     X_PID,
+    X_QUARANTINE,
     X_RULES,
     X_SEAL,
     X_SIZE,
@@ -166,7 +168,8 @@ class CkptFS:
         self.shut_down = False
         # kept previous versions (G11, --on-corrupt rollback): written by the commit path
         self.gens = Generations(store, keep_generations, self.recovery.generations)
-        self.journal.extra_state = lambda: {"generations": self.gens.to_json()}
+        self.journal.extra_state = lambda: {"generations": self.gens.to_json(),
+                                            "quarantine": self.grp.quarantine_json()}
         # the commit path (engine/commit.py): seal, install, namespace ops, the async committer
         self.commit = self.commit_engine(
             store=store, journal=self.journal, records=self.records, pending=self.pending, queued=self.queued,
@@ -182,7 +185,7 @@ class CkptFS:
             pending=self.pending, queued=self.queued, aborts=self.aborts, lock=self.lock,
             commit_lock=self.commit_lock, stats=self.stats, gens=self.gens, events=self.events,
             barrier=self.commit.barrier, ns_op=self.commit.ns_op, children_pending=self._children_pending,
-            lexists=self._lexists)
+            lexists=self._lexists, quarantine=self.recovery.quarantine)
         self.commit.groups = self.grp
         # what other processes see of a file being written; what a killed writer leaves (V1, V2)
         self.vis = Visibility(self.rules, lambda p: self.grp.group_of(p) is not None)
@@ -277,9 +280,9 @@ class CkptFS:
         """``ckptfs seal`` / ``user.ckptfs.seal``: the directory at ``path`` becomes a sealed group."""
         return self.grp.seal(path, pid)
 
-    def gc(self) -> dict[str, int]:
-        """``ckptfs gc`` / ``user.ckptfs.gc``: delete quarantined groups and debris."""
-        return self.grp.gc()
+    def gc(self, dry_run: bool = False, pid: int = 0) -> dict[str, Any]:
+        """``ckptfs gc`` / ``user.ckptfs.gc``: delete quarantined groups and debris; the report."""
+        return self.grp.gc(dry_run, pid)
 
     def served(self, fh: int) -> tuple[str, tuple | None] | None:
         """The path of open handle ``fh`` and the verified version key it reads from (None for a
@@ -1164,6 +1167,8 @@ class CkptFS:
                                      "keep_every": self.rules.keep_every,
                                      "idle_seal_seconds": self.rules.idle_seconds}),
                 X_GROUPS: self.grp.groups_json_attr(path),
+                X_QUARANTINE: self.grp.quarantine_json_attr(path),
+                X_GC_REPORT: self.grp.gc_report_json(),
                 **self.integrity.root_attrs(),
             }
         out: dict[str, str] = {}
@@ -1183,6 +1188,7 @@ class CkptFS:
             return out
         if self._visible(path) is None and stat.S_ISDIR(self.store.lstat(path).st_mode):
             out[X_GROUPS] = self.grp.groups_json_attr(path)
+            out[X_QUARANTINE] = self.grp.quarantine_json_attr(path)
             if (self.rules.dir_rule(os.path.basename(path)) is not None and self.grp.group_of(path) is None
                     and not self.grp.groupable(path)):
                 # named like a checkpoint, never a group, holding files written past ckptfs (while unmounted)
@@ -1213,6 +1219,8 @@ class CkptFS:
         """Status attributes of ``path`` as ``caller`` may see them (status.for_caller).  The kernel
         (default_permissions) has already checked the caller may read ``path`` itself."""
         attrs = self._status_attrs(path)
+        if X_GC_REPORT in attrs and caller.pid:
+            attrs[X_GC_REPORT] = self.grp.gc_report_json(caller.pid)  # its own gc's, if it ran one
         privileged = caller.uid == 0 or caller is NOBODY
         if path == "" and not privileged:
             try:
@@ -1284,7 +1292,7 @@ class CkptFS:
             if caller is not NOBODY and caller.uid != 0 and self.store.lstat("").st_uid != caller.uid:
                 raise _err(errno.EPERM, "ckptfs: gc deletes quarantined groups anywhere in the mount: "
                                         "root or the mount's owner only")
-            self.grp.gc()
+            self.grp.gc(dry_run=value.strip() == b"dry-run", pid=caller.pid)  # report: X_GC_REPORT
             return
         if name == X_CONTROL:
             self.integrity.control(path, value)  # verify / scrub on demand (integrity/reads.py)

@@ -8,7 +8,8 @@ through the mount, I4); everything else is the user's files, plain::
     .ckptfs/staging/<uuid>     shadow copies being written (engine/staged.py)
     .ckptfs/generations/<id>   kept previous versions of overwritten files (engine/generations.py)
     .ckptfs/groups/<id>.*      group MANIFEST and COMMIT (engine/seals.py)
-    .ckptfs/quarantine/<id>    torn and corrupt groups moved aside
+    .ckptfs/quarantine/<id>    torn and corrupt groups moved aside (engine/quarantine.py lists them)
+    .ckptfs/quarantine/<id>.resave  the files of a torn re-save a rollback moved aside
     .ckptfs/trash/<id>         files of a sealed group being deleted (G9)
     .ckptfs/daemon.log         the daemon's log
     .ckptfs-committed/         (virtual, mount only) the committed view

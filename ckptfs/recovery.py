@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 from ckptfs import META_DIR, crashpoints
 from ckptfs.backing import BackingStore
+from ckptfs.engine import quarantine as qt
 from ckptfs.engine.generations import GenEntry, link_for_recovery, reconcile
 from ckptfs.engine.replay import PARSE_ERRORS, replay
 from ckptfs.engine.rollback import OP as ROLLBACK
@@ -57,6 +58,7 @@ from ckptfs.engine.seals import (
 )
 from ckptfs.hashing import digest_fd
 from ckptfs.layout import (
+    QUARANTINE,
     SNAPSHOT,
     STAGING,
     TRASH,
@@ -104,17 +106,33 @@ def _sealed_problem(store: BackingStore, g: GroupState) -> str | None:
     return None
 
 
+def _hidden(store: BackingStore, files: dict[str, FileRecord], groups: dict[str, GroupState],
+            quarantine: qt.Table, g: GroupState, state: str, reason: str, target: str) -> str:
+    """g is (now) at ``target``: it leaves the group table for a row of the quarantine table."""
+    q = qt.put_group(quarantine, files, g, {"path": g.path, "to": target, "state": state, "reason": reason,
+                                             "time": time.time()})
+    if not q.files:  # moved by an interrupted earlier run: its records went with the files (classify)
+        q.files, q.bytes, _ = qt.on_disk(store, target)
+    drop_prefix(files, g.path)
+    groups.pop(g.path, None)
+    g.state, g.moved_to, g.reason, g.tentative = state, target, reason, False
+    log.warning("group %s is %s: %s; moved to %s", g.path, state, reason, target)
+    return f"{g.path}: {state} ({reason}) -> {target}"
+
+
 def settle_groups(store: BackingStore, files: dict[str, FileRecord], groups: dict[str, GroupState],
                   gens: dict[str, list[GenEntry]] | None = None, journal: Journal | None = None,
-                  persist: Callable[[], None] | None = None) -> list[str]:
+                  persist: Callable[[], None] | None = None, quarantine: qt.Table | None = None) -> list[str]:
     """Reseal late groups (G10), roll torn re-saves back to their seal (G11, needs ``journal`` and
-    ``persist``), quarantine other torn (still open) and corrupt (unverifiable) groups; purge trash.
+    ``persist``), quarantine other torn (still open) and corrupt (unverifiable) groups (each a row of
+    ``quarantine``, engine/quarantine.py); purge trash.
 
     ``persist`` makes the state recovered so far durable (a compaction) before the first rollback
     is journaled: the replayed in-flight entry may have been dropped, and once another entry follows
     it, a later recovery would take it as done (found by the model checker, weak model)."""
     notes: list[str] = []
     persisted = False
+    table: qt.Table = quarantine if quarantine is not None else {}
     for path, g in list(groups.items()):
         if g.state in (TORN, CORRUPT, TRASHED):
             continue
@@ -122,7 +140,7 @@ def settle_groups(store: BackingStore, files: dict[str, FileRecord], groups: dic
         if g.state == OPEN:
             if not store.exists(path):
                 if store.exists(target):  # moved by an interrupted earlier recovery
-                    g.state, g.moved_to, g.reason = TORN, target, "not sealed before the crash"
+                    notes.append(_hidden(store, files, groups, table, g, TORN, "not sealed before the crash", target))
                 else:
                     del groups[path]
                 continue
@@ -137,15 +155,15 @@ def settle_groups(store: BackingStore, files: dict[str, FileRecord], groups: dic
                     continue
                 # empty: a save that its maker started was cut by the crash (the daemon resolves a
                 # maker that exited normally within a second); quarantined like any torn group
-                state, reason = TORN, "made for a save the crash interrupted before its first file"
                 move_group(store, path, target)
-                g.state, g.moved_to, g.reason, g.tentative = state, target, reason, False
-                notes.append(f"{path}: {state} ({reason}) -> {target}")
+                notes.append(_hidden(store, files, groups, table, g, TORN,
+                                     "made for a save the crash interrupted before its first file", target))
                 continue
             if g.late:  # only files added after its seal: they are committed, reseal with them (G10)
                 notes.append(_reseal(store, files, g))
                 continue
-            plan = rollback_plan(store, files, gens or {}, g) if journal and persist else None
+            plan = (rollback_plan(store, files, gens or {}, g, reason="re-save torn by the crash")
+                    if journal and persist else None)
             if plan is not None:  # a torn re-save of a sealed group: back to its seal (G11)
                 if not persisted:
                     persist()
@@ -155,13 +173,11 @@ def settle_groups(store: BackingStore, files: dict[str, FileRecord], groups: dic
                 crashpoints.hit("rollback_logged")
                 if not apply_rollback(store, plan):
                     journal.retract(mark)
-                    state, reason = TORN, "re-save torn by the crash; its kept generations are gone"
                     move_group(store, path, target)
-                    drop_prefix(files, path)
-                    g.state, g.moved_to, g.reason = state, target, reason
-                    notes.append(f"{path}: {state} ({reason}) -> {target}")
+                    notes.append(_hidden(store, files, groups, table, g, TORN,
+                                         "re-save torn by the crash; its kept generations are gone", target))
                     continue
-                apply_rollback_state(files, groups, plan, gens)
+                apply_rollback_state(files, groups, plan, gens, table)
                 notes.append(f"{path}: re-save torn by the crash; rolled back to its seal "
                              f"({len(plan['restore'])} files restored, the re-save kept at {plan['to']})")
                 log.warning("group %s: torn re-save rolled back to its seal", path)
@@ -176,10 +192,7 @@ def settle_groups(store: BackingStore, files: dict[str, FileRecord], groups: dic
                 continue
             state, reason = CORRUPT, f"seal does not verify: {problem}"
         move_group(store, path, target)
-        drop_prefix(files, path)
-        g.state, g.moved_to, g.reason = state, target, reason
-        notes.append(f"{path}: {state} ({reason}) -> {target}")
-        log.warning("group %s is %s: %s; moved to %s", path, state, reason, target)
+        notes.append(_hidden(store, files, groups, table, g, state, reason, target))
     notes += _settle_trashed(store, files, groups)
     if store.exists(TRASH):
         keep = {g.moved_to for g in groups.values() if g.state == TRASHED}
@@ -333,6 +346,11 @@ def finish_inflight(store: BackingStore, e: dict) -> bool:
         return True
     if op == ROLLBACK:
         return apply_rollback(store, e)
+    if op == qt.FORGET:  # gc: the row is forgotten, its directory deleted (engine/quarantine.py Q2)
+        if not str(e["to"]).startswith(QUARANTINE + "/") or ".." in str(e["to"]):
+            raise ValueError(f"quarantine_forget of {e['to']!r} outside {QUARANTINE}")
+        rmtree(store, e["to"])
+        return True
     raise ValueError(f"unknown journal op {op!r}")
 
 
@@ -348,6 +366,7 @@ class RecoveryReport:
     groups: dict[str, GroupState] = field(default_factory=dict)
     group_notes: list[str] = field(default_factory=list)
     generations: dict[str, list[GenEntry]] = field(default_factory=dict)
+    quarantine: qt.Table = field(default_factory=dict)  # what was moved out of sight (engine/quarantine.py)
     problems: list[str] = field(default_factory=list)  # untrusted metadata (metadata.py)
     suspect: list[str] = field(default_factory=list)  # kept records whose file changed offline
 
@@ -420,7 +439,8 @@ def recover(store: BackingStore, journal: Journal | None = None) -> RecoveryRepo
     trusted = not loaded.snapshot_corrupt and loaded.journal_corrupt_at is None
     # with untrusted metadata the last entry is not known to be the in-flight one: hints only
     r = replay(loaded, last="hold" if trusted else "apply")
-    rep = RecoveryReport(files=r.files, aborts=r.aborts, problems=r.problems, groups=r.groups)
+    rep = RecoveryReport(files=r.files, aborts=r.aborts, problems=r.problems, groups=r.groups,
+                         quarantine=r.quarantine)
     gens_raw = r.gens
     if r.held is not None:
         last = r.held
@@ -457,10 +477,14 @@ def recover(store: BackingStore, journal: Journal | None = None) -> RecoveryRepo
     for p in rep.problems:
         log.error("metadata: %s", p)
     gens = rep.generations
-    journal.extra_state = lambda: {"generations": {p: [g.to_json() for g in gs] for p, gs in gens.items()}}
+    for k in qt.reconcile(store, rep.quarantine):
+        log.warning("quarantine: %s is gone (a gc cut short); its record is dropped", k)
+    journal.extra_state = lambda: {"generations": {p: [g.to_json() for g in gs] for p, gs in gens.items()},
+                                   qt.SNAPSHOT_KEY: qt.to_json(rep.quarantine)}
     def persist() -> None:
         journal.compact(rep.files, rep.aborts, {p: g.to_json() for p, g in rep.groups.items()})
 
-    rep.group_notes = settle_groups(store, rep.files, rep.groups, rep.generations, journal, persist)
+    rep.group_notes = settle_groups(store, rep.files, rep.groups, rep.generations, journal, persist,
+                                    rep.quarantine)
     persist()
     return rep

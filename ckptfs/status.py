@@ -10,7 +10,8 @@ Presentation rules (invariants, tests/test_transparency.py):
   ``rsync -aX`` and ``tar --xattrs`` neither copy them nor try to remove them (as CephFS does
   with ``ceph.*``).  Setting one is EPERM (read-only), removing one ENODATA.
 * The control verbs are set, never read: :data:`X_SEAL` on a directory seals it as a group,
-  :data:`X_GC` on the root deletes quarantined groups (root or the mount's owner only),
+  :data:`X_GC` on the root deletes quarantined groups (root or the mount's owner only; the value
+  ``dry-run`` deletes nothing), and :data:`X_GC_REPORT` then says what it deleted (or would),
   :data:`X_CONTROL` (``verify`` / ``scrub``) runs an integrity check.
 * With ``--allow-other``, a caller other than root or the mount root's owner sees in the root's
   aggregate attributes only entries about paths whose directory it may read
@@ -40,6 +41,10 @@ X_METADATA = PREFIX + "metadata"  # JSON: untrusted metadata found by recovery
 X_SCRUB = PREFIX + "scrub"  # JSON: scrubber state and findings
 X_ON_CORRUPT = PREFIX + "on_corrupt"
 X_KEEP_GENERATIONS = PREFIX + "keep_generations"
+X_GC_REPORT = PREFIX + "gc_report"  # JSON: what the last gc (or dry run) deleted, bytes freed
+
+# -- on a directory (the root too)
+X_QUARANTINE = PREFIX + "quarantine"  # JSON: what was moved out of sight from it, why, when, kept where
 
 # -- on a directory
 X_GROUPS = PREFIX + "groups"  # JSON: the groups directly in it
@@ -74,7 +79,7 @@ STATUS_VALUES = ("open", "sealed", CORRUPT, STAGING, COMMITTED, UNTRACKED)
 
 # root attributes about other paths (filtered per caller) and daemon-wide ones (root only)
 _PER_PATH_LISTS = (X_ABORTS, X_CORRUPT)
-_DAEMON_WIDE = (X_METADATA, X_SCRUB)
+_DAEMON_WIDE = (X_METADATA, X_SCRUB, X_GC_REPORT)
 
 
 def is_status_name(name: str) -> bool:

@@ -18,32 +18,50 @@ import blake3
 
 from ckptfs.backing import OsBackingStore
 from ckptfs.cli.common import CliError, Where, locate
-from ckptfs.engine.replay import replay
+from ckptfs.engine import quarantine as qt
+from ckptfs.engine.replay import Replayed, replay
 from ckptfs.engine.seals import CORRUPT, OPEN, SEALED, TORN, GroupState, SealError, read_seal
 from ckptfs.layout import parent
 from ckptfs.log.journal import Journal
 from ckptfs.log.metadata import load_trusted
-from ckptfs.status import PREFIX, X_ATTRS, X_BLAKE3, X_GC, X_GROUPS, X_SEAL, X_STATUS
+from ckptfs.status import (
+    PREFIX,
+    X_ATTRS,
+    X_BLAKE3,
+    X_GC,
+    X_GC_REPORT,
+    X_GROUPS,
+    X_QUARANTINE,
+    X_SEAL,
+    X_STATUS,
+)
 
 
-def offline_groups(root: str) -> tuple[dict[str, Any], dict[str, GroupState]]:
-    """Records and groups of an unmounted directory, read-only (no recovery is run).
+def offline_state(root: str) -> Replayed:
+    """Records, groups and the quarantine table of an unmounted directory, read-only (no recovery).
 
-    Groups still open here were torn by a crash; the next mount quarantines them."""
+    Groups still open here were torn by a crash; the next mount quarantines them (or rolls a torn
+    re-save back), so they are labelled torn here."""
     store = OsBackingStore(root)
     try:
         r = replay(load_trusted(Journal(store)), last="apply")
-        files, groups = r.files, r.groups
-        for p in r.problems:  # damaged metadata: the listing is partial, and says so
-            print(f"ckptfs: warning: {p}", file=sys.stderr)
-        for p in [p for p, g in groups.items() if g.state == OPEN and g.tentative]:
-            del groups[p]  # a directory made by mkdir with no checkpoint file: not a group (issue 10)
-        for g in groups.values():
-            if g.state == OPEN:
-                g.state, g.reason = TORN, "not sealed before the daemon stopped (recovery will quarantine it)"
-        return files, groups
     finally:
         store.shutdown()
+    for p in r.problems:  # damaged metadata: the listing is partial, and says so
+        print(f"ckptfs: warning: {p}", file=sys.stderr)
+    groups = r.groups
+    for p in [p for p, g in groups.items() if g.state == OPEN and g.tentative]:
+        del groups[p]  # a directory made by mkdir with no checkpoint file: not a group (issue 10)
+    for g in groups.values():
+        if g.state == OPEN:
+            g.state, g.reason = TORN, "not sealed before the daemon stopped (recovery will quarantine it)"
+    return r
+
+
+def offline_groups(root: str) -> tuple[dict[str, Any], dict[str, GroupState]]:
+    """Records and groups of an unmounted directory (:func:`offline_state`)."""
+    r = offline_state(root)
+    return r.files, r.groups
 
 
 def _human(n: float) -> str:
@@ -63,6 +81,8 @@ def _age(t: float) -> str:
 
 
 def list_groups(w: Where) -> list[dict[str, Any]]:
+    """The live groups directly in ``w`` (open, sealed, being deleted; unmounted: also those a crash
+    left open, labelled torn)."""
     d = os.path.join(w.root, w.rel)
     if w.mounted:
         try:
@@ -75,24 +95,80 @@ def list_groups(w: Where) -> list[dict[str, Any]]:
     return sorted(out, key=lambda x: (x["step"] if x["step"] is not None else -1, x["created_at"]))
 
 
+def list_quarantine(w: Where) -> list[dict[str, Any]]:
+    """What was moved out of sight from ``w`` (engine/quarantine.py), mounted: ``user.ckptfs.quarantine``
+    (unmounted, ``cmd_ls`` reads the same rows from the snapshot, the journal and .ckptfs/quarantine)."""
+    d = os.path.join(w.root, w.rel)
+    try:
+        return json.loads(os.getxattr(d, X_QUARANTINE))
+    except OSError as e:
+        raise CliError(f"{d}: cannot read what was moved out of sight: {e.strerror}", 1) from None
+
+
+def _note_unknown_origin(w: Where, r: Replayed | None) -> None:
+    """Entries under .ckptfs/quarantine whose origin nothing records are listed at the root: say so
+    when listing another directory (an older ckptfs lost such records; engine/quarantine.py Q4)."""
+    if r is None:
+        try:
+            rows = json.loads(os.getxattr(w.root, X_QUARANTINE))
+        except OSError:
+            return
+    else:
+        store = OsBackingStore(w.root)
+        try:
+            rows = [q.row() for q in qt.unrecorded(store, r.quarantine, r.groups)]
+        finally:
+            store.shutdown()
+    n = sum(1 for r in rows if "omitted" not in r and not r.get("path"))
+    if n:
+        print(f"ckptfs: note: {n} more in .ckptfs/quarantine of unknown origin: `ckptfs ls --all {w.root}`",
+              file=sys.stderr)
+
+
+def _order(row: dict[str, Any]) -> tuple:
+    return (row.get("step") if row.get("step") is not None else -1, row.get("created_at") or 0,
+            row.get("time", 0))
+
+
 def cmd_ls(a: argparse.Namespace) -> int:
     w = locate(a.dir)
-    rows = [g for g in list_groups(w) if a.all or g["state"] in (OPEN, SEALED)]
+    if w.mounted:
+        rows, moved = list_groups(w), (list_quarantine(w) if a.all else [])
+    else:  # one read of the metadata for both
+        r = offline_state(w.root)
+        rel = w.rel.strip("/")
+        rows = sorted((g.to_json() for g in r.groups.values() if parent(g.path) == rel), key=_order)
+        store = OsBackingStore(w.root)
+        try:
+            moved = qt.rows_in(store, r.quarantine, r.groups, rel) if a.all else []
+        finally:
+            store.shutdown()
+    rows = [g for g in rows if a.all or g["state"] in (OPEN, SEALED)]
+    if a.all and w.rel.strip("/"):
+        _note_unknown_origin(w, None if w.mounted else r)
+    if a.all:
+        for extra in [r for r in moved if "omitted" in r]:
+            print(f"ckptfs: {extra['omitted']} older entries not shown (too many for one xattr); "
+                  "`ckptfs gc --dry-run` lists them all", file=sys.stderr)
+        rows = sorted(rows + [r for r in moved if "omitted" not in r], key=_order)
     if a.json:
         print(json.dumps(rows, indent=2, sort_keys=True))
         return 0
     if not rows:
         print("(no groups)")
         return 0
-    print(f"{'STATE':8} {'STEP':>8} {'FILES':>6} {'BYTES':>10} {'AGE':>5}  NAME")
+    print(f"{'STATE':10} {'STEP':>8} {'FILES':>6} {'BYTES':>10} {'AGE':>5}  NAME")
     for g in rows:
-        step = "-" if g["step"] is None else str(g["step"])
-        when = g["sealed_at"] or g["created_at"]
-        line = (f"{g['state']:8} {step:>8} {g['files']:>6} {_human(g['bytes']):>10} {_age(when):>5}  "
-                f"{os.path.basename(g['path'])}")
-        if g["state"] in (TORN, CORRUPT):
-            where = f"kept at {g['moved_to']} until 'ckptfs gc'" if g["moved_to"] else "hidden at the next mount"
-            line += f"  ({g['reason']}; {where})"
+        step = "-" if g.get("step") is None else str(g["step"])
+        kept = "kept_at" in g
+        when = g["time"] if kept else (g["sealed_at"] or g["created_at"])
+        name = os.path.basename(g["path"]) or "?"
+        line = f"{g['state']:10} {step:>8} {g['files']:>6} {_human(g['bytes']):>10} {_age(when):>5}  {name}"
+        if kept:
+            what = "its re-save's files" if g["state"] == qt.RESAVE else "kept"
+            line += f"  ({g['reason']}; moved {_age(g['time'])} ago; {what} at {g['kept_at']} until 'ckptfs gc')"
+        elif g["state"] in (TORN, CORRUPT):
+            line += f"  ({g['reason']}; hidden at the next mount)"
         print(line)
     return 0
 
@@ -155,25 +231,55 @@ def cmd_seal(a: argparse.Namespace) -> int:
     return 0 if status == SEALED else 1
 
 
+def _offline_dry_run(root: str) -> dict[str, Any]:
+    """What gc on the unmounted ``root`` would delete, read-only: recovery (which gc runs first) is
+    not run, so groups a crash left open are named in a note, not counted."""
+    r = offline_state(root)
+    for g in r.groups.values():
+        if g.state == TORN:
+            print(f"ckptfs: note: {g.path} was still open when the daemon stopped: recovery (the next mount, "
+                  "or gc) first rolls it back or moves it out of sight; not counted here", file=sys.stderr)
+    store = OsBackingStore(root)
+    try:
+        return qt.report(qt.gc_plan(store, r.quarantine, r.groups), True, os.getpid())
+    finally:
+        store.shutdown()
+
+
 def cmd_gc(a: argparse.Namespace) -> int:
     w = locate(a.dir)
     if w.mounted:
         try:
-            os.setxattr(w.root, X_GC, b"1")
+            os.setxattr(w.root, X_GC, b"dry-run" if a.dry_run else b"1")
+            rep = json.loads(os.getxattr(w.root, X_GC_REPORT))
         except OSError as e:
             raise CliError(f"{w.root}: gc failed: {e.strerror}", 1) from None
-        print(f"ckptfs: gc done on {w.root}")
-        return 0
-    from ckptfs.fs import CkptFS
+        if rep.get("pid") != os.getpid():  # (the daemon keeps each process's own report)
+            print("ckptfs: warning: this report is another gc's", file=sys.stderr)
+    elif a.dry_run:
+        rep = _offline_dry_run(w.root)
+    else:
+        from ckptfs.fs import CkptFS
 
-    store = OsBackingStore(w.root)
-    try:
-        fs = CkptFS(store, housekeeping_interval=0)  # runs recovery: torn groups are quarantined first
-        res = fs.gc()
-        fs.shutdown()
-    finally:
-        store.shutdown()
-    print(f"ckptfs: gc removed {res['groups_removed']} torn/corrupt groups from {w.root}")
+        store = OsBackingStore(w.root)
+        try:
+            fs = CkptFS(store, housekeeping_interval=0)  # runs recovery: torn groups are quarantined first
+            rep = fs.gc(pid=os.getpid())
+            fs.shutdown()
+        finally:
+            store.shutdown()
+    rep["dir"] = w.root
+    if a.json:
+        print(json.dumps(rep, indent=2, sort_keys=True))
+        return 0
+    verb = "would remove" if rep["dry_run"] else "removed"
+    for it in rep["items"]:
+        print(f"{verb} {it['kept_at']}  {it['path'] or '?'}  {it['state']}  {it['files']} file"
+              f"{'' if it['files'] == 1 else 's'}  {it['bytes']} bytes  ({it['reason']})")
+    if rep.get("items_omitted"):
+        print(f"... and {rep['items_omitted']} more (each is in {w.root}/.ckptfs/daemon.log)")
+    n = rep["groups_removed"]
+    print(f"ckptfs: gc {verb} {n} group{'' if n == 1 else 's'} ({rep['bytes_freed'] / 1e6:.1f} MB) from {w.root}")
     return 0
 
 
@@ -286,7 +392,8 @@ def cmd_verify_groups(a: argparse.Namespace) -> int:
 def add_parsers(sub: Any) -> None:
     ls = sub.add_parser("ls", help="list checkpoint groups in DIR")
     ls.add_argument("dir")
-    ls.add_argument("--all", action="store_true", help="include torn and corrupt groups")
+    ls.add_argument("--all", action="store_true", help="include what was moved out of sight: torn and corrupt "
+                                                      "groups, torn re-saves' files (why, when, kept where)")
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=cmd_ls)
     sh = sub.add_parser("show", help="a group's state, files and lineage; a file's status (blake3, size, generation)")
@@ -295,6 +402,9 @@ def add_parsers(sub: Any) -> None:
     se = sub.add_parser("seal", help="seal DIR as a checkpoint group now (mounted)")
     se.add_argument("dir")
     se.set_defaults(func=cmd_seal)
-    gc = sub.add_parser("gc", help="delete torn/corrupt groups kept in quarantine")
+    gc = sub.add_parser("gc", help="delete what was moved out of sight (torn/corrupt groups, torn re-saves' "
+                                   "files in .ckptfs/quarantine); prints each item and the bytes freed")
     gc.add_argument("dir")
+    gc.add_argument("--dry-run", action="store_true", help="list what would be deleted; delete nothing")
+    gc.add_argument("--json", action="store_true", help="the report as JSON")
     gc.set_defaults(func=cmd_gc)

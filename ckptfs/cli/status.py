@@ -18,7 +18,7 @@ def cmd_status(a: argparse.Namespace) -> int:
     if is_ckptfs_mount(d):
         attrs = json.loads(os.getxattr(d, X_ATTRS))  # status attributes are never listed
         out = {k.removeprefix(PREFIX): v for k, v in attrs.items()}
-        for k in ("stats", "aborts", "corrupt", "metadata", "scrub"):
+        for k in ("stats", "aborts", "corrupt", "metadata", "scrub", "quarantine", "gc_report"):
             if k in out:
                 out[k] = json.loads(out[k])
         out["mounted"] = True

@@ -18,7 +18,9 @@ G6  A pointer (``latest``, ``latest_checkpointed_iteration.txt``, a symlink)
     durable; if the group cannot be sealed the pointer's commit fails (EIO).
 G7  A torn group (never sealed; its writers gone) is moved out of the
     namespace into ``.ckptfs/quarantine`` by a journaled operation, so the
-    path shows what it held before the group was opened: nothing.
+    path shows what it held before the group was opened: nothing.  It leaves
+    the group table for a row of the quarantine table (keyed by where it is
+    kept, engine/quarantine.py Q1-Q4), so saving the name again hides nothing.
 G9  Deleting files of a sealed group moves them into ``.ckptfs/trash/<id>``
     by journaled renames; the trash is deleted once the directory is removed,
     unless a sibling group is still open (the rotation trap: then only when a
@@ -53,6 +55,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ckptfs import crashpoints, events, exits, procinfo
+from ckptfs.engine import quarantine as qt
 from ckptfs.engine import staged
 from ckptfs.engine.replay import apply_group_entry
 from ckptfs.engine.rollback import apply_rollback, apply_rollback_state, make_durable, rollback_plan
@@ -105,12 +108,17 @@ class GroupEngine:
                  lock: threading.RLock, commit_lock: threading.RLock, stats: collections.Counter[str],
                  gens: Generations, events: Events, barrier: Callable[[], None],
                  ns_op: Callable[[dict, Callable[[], None], list[str]], None],
-                 children_pending: Callable[[str], bool], lexists: Callable[[str], bool]) -> None:
+                 children_pending: Callable[[str], bool], lexists: Callable[[str], bool],
+                 quarantine: qt.Table | None = None) -> None:
         self.store = store
         self.journal = journal
         self.rules = rules
         self.records = records  # path -> committed record (shared with the commit path)
-        self.groups = groups  # group path -> GroupState
+        self.groups = groups  # group path -> GroupState: live groups (open, sealed, being deleted)
+        # what was moved out of sight (torn/corrupt groups, torn re-saves' files), by where it is kept:
+        # never by path, so a group saved again at the same name never replaces it (engine/quarantine.py)
+        self.quarantine: qt.Table = quarantine if quarantine is not None else {}
+        self.gc_reports: collections.OrderedDict[int, dict[str, Any]] = collections.OrderedDict()
         self.pending = pending  # staged versions open for writing (read only here)
         self.queued = queued  # sealed versions awaiting install (read only here)
         self.aborts = aborts
@@ -584,7 +592,7 @@ class GroupEngine:
     def _tear(self, g: GroupState, reason: str) -> None:
         """g can never complete (caller holds commit_lock): a torn re-save of a sealed group goes
         back to its seal when every replaced file was kept (G11, rollback.py); else quarantine."""
-        plan = rollback_plan(self.store, self.records, self.gens.table, g)
+        plan = rollback_plan(self.store, self.records, self.gens.table, g, reason=f"re-save torn: {reason}")
         if plan is None:
             self._quarantine(g, TORN, reason)
             return
@@ -598,7 +606,7 @@ class GroupEngine:
         with self.lock:
             for p in plan["remove"]:
                 self.gens.on_unlink(p)  # generations of a file moved aside go with it
-            apply_rollback_state(self.records, self.groups, plan, self.gens.table)
+            apply_rollback_state(self.records, self.groups, plan, self.gens.table, self.quarantine)
         self.gens.collect()
         g.pids = []
         self.stats["groups_rolled_back"] += 1
@@ -613,18 +621,16 @@ class GroupEngine:
     def _quarantine(self, g: GroupState, state: str, reason: str) -> None:
         """Move g into .ckptfs/quarantine by a journaled op.  Caller holds commit_lock."""
         to = quarantine_target(g)
-        entry = {"op": "group_quarantine", "path": g.path, "to": to, "state": state, "reason": reason}
+        entry = {"op": "group_quarantine", "path": g.path, "to": to, "state": state, "reason": reason,
+                 "time": time.time()}
         mark = self.journal.append(entry)
         try:
             move_group(self.store, g.path, to)
         except OSError:
             self.journal.retract(mark)
             raise
-        with self.lock:
-            drop_prefix(self.records, g.path)
-            for k in [k for k in self.groups if k.startswith(g.path + "/")]:
-                del self.groups[k]
-        g.state, g.moved_to, g.reason = state, to, reason
+        with self.lock:  # the replay's own state change: g leaves the group table for a quarantine row
+            apply_group_entry(self.records, self.groups, entry, self.quarantine)
         self.stats["groups_quarantined"] += 1
         self.events.emit(events.QUARANTINED, g.path, dst=to, reason=reason)
         log.warning("group %s is %s (%s); moved to %s", g.path, state, reason, to)
@@ -851,31 +857,49 @@ class GroupEngine:
         except OSError as e:
             log.warning("could not delete retired group %s (gc will): %s", to, e)
 
-    def gc(self) -> dict[str, int]:
-        """Delete quarantined (torn/corrupt) groups and retired debris."""
+    def gc(self, dry_run: bool = False, pid: int = 0) -> dict[str, Any]:
+        """Delete what was moved out of sight (every row of the quarantine table: torn and corrupt
+        groups, torn re-saves' files), what lies in quarantine without a row, and retired groups'
+        debris; never the trash of a deletion in progress (G9 may put it back).  ``dry_run``: only
+        say what would go.  Returns the report (engine/quarantine.py ``report``), also kept for
+        ``user.ckptfs.gc_report`` (the last one of process ``pid``)."""
         self.barrier()
-        removed = 0
         with self.commit_lock:
-            for g in [g for g in self.groups.values() if g.state in (TORN, CORRUPT)]:
-                if g.moved_to:
-                    rmtree(self.store, g.moved_to)
-                remove_seal(self.store, g.id)
-                self.journal.append({"op": "group_forget", "path": g.path})
-                with self.lock:
-                    del self.groups[g.path]
-                removed += 1
-            # debris of groups that are gone; never the trash of a deletion still in progress
-            # (TRASHED), which G9 may have to put back (_settle_deleting), as recovery keeps it
             with self.lock:
-                live = {g.moved_to for g in self.groups.values() if g.moved_to}
-            for top in (QUARANTINE, TRASH):
-                if self.store.exists(top):
-                    for name in self.store.listdir(top):
-                        if f"{top}/{name}" not in live:
-                            rmtree(self.store, f"{top}/{name}")
-            self.journal.compact(self.records, list(self.aborts), self.to_json())
-        self.stats["groups_gc"] += removed
-        return {"groups_removed": removed}
+                live = dict(self.groups)
+            items = qt.gc_plan(self.store, self.quarantine, live)
+            if not dry_run:
+                live_ids = {g.id for g in live.values()}
+                for it in items:
+                    if it["recorded"]:  # intent first: recovery finishes a deletion cut short
+                        self.journal.append({"op": qt.FORGET, "to": it["kept_at"]})
+                        with self.lock:
+                            self.quarantine.pop(it["kept_at"], None)
+                    rmtree(self.store, it["kept_at"])
+                    if it["state"] != qt.DEBRIS and it["id"] and it["id"] not in live_ids:
+                        remove_seal(self.store, it["id"])  # a group that is gone: its seal files too
+                    log.info("gc: removed %s (%s, %s: %s; %d files, %d bytes)", it["kept_at"], it["path"] or "?",
+                             it["state"], it["reason"], it["files"], it["bytes"])
+                self.journal.compact(self.records, list(self.aborts), self.to_json())
+        rep = qt.report(items, dry_run, pid)
+        if not dry_run:
+            self.stats["groups_gc"] += len(items)
+            self.stats["gc_bytes_freed"] += rep["bytes_freed"]
+        with self.lock:
+            self.gc_reports.pop(pid, None)
+            self.gc_reports[pid] = rep
+            while len(self.gc_reports) > 16:
+                self.gc_reports.popitem(last=False)
+        return rep
+
+    def gc_report_json(self, pid: int | None = None) -> str:
+        """The last gc report of process ``pid`` (the one that set ``user.ckptfs.gc``), else the last
+        one ("{}" before any); trimmed to fit an xattr (the daemon log lists every item)."""
+        with self.lock:
+            rep = self.gc_reports.get(pid) if pid is not None else None
+            if rep is None and self.gc_reports:
+                rep = next(reversed(self.gc_reports.values()))
+        return json.dumps(qt.fit_report(rep or {}), sort_keys=True)
 
     # ------------------------------------------------------------ namespace
     def renamed(self, old: str, new: str) -> None:
@@ -946,3 +970,17 @@ class GroupEngine:
 
     def groups_json_attr(self, d: str) -> str:
         return json.dumps(self.groups_in(d), sort_keys=True)
+
+    def quarantine_in(self, d: str) -> list[dict[str, Any]]:
+        """What was moved out of sight from directory ``d`` (engine/quarantine.py ``rows_in``)."""
+        with self.lock:
+            table, live = dict(self.quarantine), dict(self.groups)
+        return qt.rows_in(self.store, table, live, d)
+
+    def quarantine_json_attr(self, d: str) -> str:
+        return json.dumps(qt.fit_rows(self.quarantine_in(d)), sort_keys=True)
+
+    def quarantine_json(self) -> dict[str, dict[str, Any]]:
+        """The table as the snapshot holds it (compactions, journal.extra_state)."""
+        with self.lock:
+            return qt.to_json(self.quarantine)

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ckptfs.engine import quarantine as qt
 from ckptfs.engine.generations import apply_gen_entry
 from ckptfs.engine.rollback import OP as ROLLBACK
 from ckptfs.engine.rollback import apply_rollback_state
@@ -38,13 +39,14 @@ class Replayed:
     groups: dict[str, GroupState]
     gens: dict[str, list[dict]]  # path -> kept generations (raw; engine/generations.reconcile checks them)
     aborts: list[dict]
+    quarantine: qt.Table = field(default_factory=dict)  # kept_at -> what was moved out of sight there
     problems: list[str] = field(default_factory=list)
     held: dict | None = None  # the last entry, when ``last="hold"``
     applied: int = 0
 
     def apply(self, e: dict) -> None:
-        """Apply one entry to the records, groups and generations."""
-        apply_entry(self.files, e, self.groups)
+        """Apply one entry to the records, groups, quarantine table and generations."""
+        apply_entry(self.files, e, self.groups, self.quarantine)
         apply_gen_entry(self.gens, e)
         self.applied += 1
 
@@ -63,8 +65,11 @@ def replay(loaded: Loaded, last: Last = "apply") -> Replayed:
     """Snapshot + journal of ``loaded`` (log/metadata.load_trusted) replayed in memory."""
     st = loaded.state
     problems = list(loaded.problems)
-    r = Replayed(files=st.files, groups=load_groups(st.groups, problems), gens=loaded.generations,
-                 aborts=list(st.aborts), problems=problems)
+    groups = load_groups(st.groups, problems)
+    table = qt.load(loaded.quarantine, problems)
+    qt.take_legacy(groups, table)  # an older snapshot kept quarantined groups in the group table
+    r = Replayed(files=st.files, groups=groups, gens=loaded.generations, aborts=list(st.aborts),
+                 quarantine=table, problems=problems)
     ops = []
     for e in st.entries:
         (r.aborts if e.get("op") == "abort" else ops).append(e)
@@ -85,11 +90,12 @@ def replay(loaded: Loaded, last: Last = "apply") -> Replayed:
     return r
 
 
-def apply_entry(files: dict[str, FileRecord], e: dict, groups: dict[str, GroupState] | None = None) -> None:
-    """Apply a completed journal entry to the record map (and the group map)."""
+def apply_entry(files: dict[str, FileRecord], e: dict, groups: dict[str, GroupState] | None = None,
+                quarantine: qt.Table | None = None) -> None:
+    """Apply a completed journal entry to the record map (and the group map, the quarantine table)."""
     op = e["op"]
     if groups is not None:
-        apply_group_entry(files, groups, e)
+        apply_group_entry(files, groups, e, quarantine)
     if op == "install":
         files[e["path"]] = FileRecord.from_json(e["rec"])
     elif op == "unlink":
@@ -104,7 +110,10 @@ def apply_entry(files: dict[str, FileRecord], e: dict, groups: dict[str, GroupSt
             files[e["dst"]] = files[e["src"]]
 
 
-def apply_group_entry(files: dict[str, FileRecord], groups: dict[str, GroupState], e: dict) -> None:
+def apply_group_entry(files: dict[str, FileRecord], groups: dict[str, GroupState], e: dict,
+                      quarantine: qt.Table | None = None) -> None:
+    """A journal entry's change of the groups (and, ``quarantine`` given, of the quarantine table:
+    a quarantined group leaves the group table for it, engine/quarantine.py Q1).  Live and replay."""
     op = e["op"]
     if op == "group_open":
         prev = groups.get(e["path"])
@@ -124,17 +133,21 @@ def apply_group_entry(files: dict[str, FileRecord], groups: dict[str, GroupState
             g.reason = ""
     elif op in ("group_quarantine", "group_retire"):
         g = groups.get(e["path"])
+        if op == "group_quarantine" and quarantine is not None:
+            qt.put_group(quarantine, files, g, e)
         if g is not None:
             g.state = e.get("state", TRASHED)
             g.moved_to, g.reason = e["to"], e.get("reason", "")
-            if g.state == TRASHED:
-                del groups[e["path"]]
+            del groups[e["path"]]  # retired, or quarantined: then a row of the quarantine table
         drop_prefix(files, e["path"])
         groups_keys_under = [k for k in groups if k.startswith(e["path"] + "/")]
         for k in groups_keys_under:
             del groups[k]
     elif op == ROLLBACK:
-        apply_rollback_state(files, groups, e)
+        apply_rollback_state(files, groups, e, quarantine=quarantine)
+    elif op == qt.FORGET:
+        if quarantine is not None:
+            qt.apply_entry(quarantine, e)
     elif op == "group_forget":
         groups.pop(e["path"], None)
     elif op == "group_restore":

@@ -31,10 +31,12 @@ manifest with their sealed contents, so its COMMIT verifies again.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from ckptfs.backing import BackingStore
 from ckptfs.engine.generations import GenEntry
+from ckptfs.engine.quarantine import Table, put_resave
 from ckptfs.engine.seals import OPEN, SEALED, GroupState, SealError, read_seal
 from ckptfs.layout import GEN_DIR, GROUPS, QUARANTINE
 from ckptfs.records import FileRecord
@@ -63,7 +65,7 @@ def _plan_for(manifest: dict[str, Any], files: dict[str, FileRecord], gens: dict
 
 
 def rollback_plan(store: BackingStore, files: dict[str, FileRecord], gens: dict[str, list[GenEntry]],
-                  g: GroupState) -> dict[str, Any] | None:
+                  g: GroupState, reason: str = "") -> dict[str, Any] | None:
     """The ``group_rollback`` entry that puts ``g`` back to its last seal it can rebuild, or None.
 
     Tried in order: the current seal (if it is the one journaled); the previous one (kept by
@@ -87,7 +89,8 @@ def rollback_plan(store: BackingStore, files: dict[str, FileRecord], gens: dict[
             return {"op": OP, "path": g.path, "id": g.id, "seal": which or "current",
                     "manifest": digest, "files": len(manifest["files"]),
                     "bytes": sum(int(r.get("size", 0)) for r in manifest["files"].values()),
-                    "to": resave_target(g), "restore": plan[0], "remove": plan[1]}
+                    "to": resave_target(g), "restore": plan[0], "remove": plan[1],
+                    "reason": reason, "time": time.time()}
     return None
 
 
@@ -189,10 +192,13 @@ def make_durable(store: BackingStore) -> None:
 
 
 def apply_rollback_state(files: dict[str, FileRecord], groups: dict[str, GroupState], e: dict[str, Any],
-                         gens: dict[str, list] | None = None) -> None:
-    """The record/group/generation changes of a completed ``group_rollback`` entry.
+                         gens: dict[str, list] | None = None, quarantine: Table | None = None) -> None:
+    """The record/group/generation changes of a completed ``group_rollback`` entry, and the
+    quarantine row of the files it moved aside (engine/quarantine.py).
 
     ``gens`` maps a path to generation entries (GenEntry or raw JSON dicts)."""
+    if quarantine is not None:
+        put_resave(quarantine, files, groups.get(e["path"]), e)
     for r in e["restore"]:
         files[r["path"]] = FileRecord.from_json(r["rec"])
         if gens is not None and r["path"] in gens:

@@ -3,7 +3,8 @@
 Layout under ``<backing>/.ckptfs/``::
 
     snapshot        one frame: {"format", "epoch", "files": {path: record}, "aborts": [...],
-                    "groups": {path: group state}}
+                    "groups": {path: group state}, and the owner's extra_state: "generations",
+                    "quarantine": {kept_at: row} (engine/quarantine.py)}
     journal.<E>     frames appended since snapshot epoch E
     staging/        shadow copies being written
 

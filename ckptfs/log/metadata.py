@@ -30,6 +30,7 @@ import re
 import struct
 import zlib
 from dataclasses import dataclass, field
+from typing import Any
 
 from ckptfs import META_DIR
 from ckptfs.log.journal import (
@@ -51,6 +52,7 @@ _HDR = struct.Struct("<II")
 class Loaded:
     state: JournalState
     generations: dict[str, list[dict]] = field(default_factory=dict)
+    quarantine: Any = None  # the snapshot's quarantine table, raw (engine/quarantine.py checks it)
     problems: list[str] = field(default_factory=list)
     snapshot_corrupt: bool = False
     journal_corrupt_at: int | None = None  # byte offset of the first distrusted frame
@@ -128,6 +130,7 @@ def load_trusted(journal: Journal) -> Loaded:
             st.files = _records(snap["files"], out.problems, "snapshot")
             gens = snap.get("generations", {})
             out.generations = gens if isinstance(gens, dict) else {}
+            out.quarantine = snap.get("quarantine")
             groups = snap.get("groups", {})
             st.groups = {p: g for p, g in groups.items() if isinstance(g, dict)} if isinstance(groups, dict) else {}
         except (KeyError, ValueError, TypeError) as e:
@@ -135,7 +138,7 @@ def load_trusted(journal: Journal) -> Loaded:
             out.problems.append(f"snapshot corrupt ({e}); not trusted: records rebuilt from the journal "
                                 "where the files on disk confirm them")
             st.epoch = _newest_journal_epoch(journal)
-            st.files, st.aborts, out.generations, st.groups = {}, [], {}, {}
+            st.files, st.aborts, out.generations, st.groups, out.quarantine = {}, [], {}, {}, None
     jp = journal.journal_path(st.epoch)
     if store.exists(jp):
         data = read_whole(store, jp)
