@@ -76,18 +76,6 @@ from ckptfs.records import FileRecord
 log = logging.getLogger("ckptfs.recovery")
 
 
-
-
-
-
-
-
-
-
-
-
-
-
 def _sealed_problem(store: BackingStore, g: GroupState) -> str | None:
     """Why a sealed group cannot be trusted, or None (G1 + files present)."""
     try:
@@ -379,7 +367,6 @@ class RecoveryReport:
             s += f"; {len(self.records_dropped)} records of files changed while unmounted dropped"
         if self.group_notes:
             s += f"; groups hidden: {'; '.join(self.group_notes)}"
-            s += f"; {len(self.records_dropped)} records of files deleted or replaced while unmounted dropped"
         if self.suspect:
             s += f"; {len(self.suspect)} committed files changed in place or swapped while unmounted (suspect)"
         if self.problems:
