@@ -608,6 +608,7 @@ class CkptFS:
             time.sleep(0.005)
         if waited:
             self.stats["reader_drain_waits"] += 1
+
     def _stat_or_stale(self, path: str, caller: Caller = NOBODY) -> dict[str, Any]:
         """getattr for open(); a missing path gives ESTALE, not ENOENT.
 
