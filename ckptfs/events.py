@@ -33,7 +33,10 @@ RESTORED = "restored"  # a group put back (an abandoned deletion undone)
 ROLLED_BACK = "rolled_back"  # a torn re-save replaced by the group's sealed files (G11)
 RENAMED = "renamed"  # path moved to dst
 RELEASED = "released"  # a directory stopped being a group (no checkpoint in it): an ordinary directory again
-KINDS = (PUBLISHED, UNPUBLISHED, SEALED, QUARANTINED, REMOVED, RESTORED, ROLLED_BACK, RENAMED, RELEASED)
+OPENED = "opened"  # a directory became an open group: what it shows is checked on access from now on (torn)
+CORRUPT = "corrupt"  # a committed file found corrupt: reads fail, or a kept generation is served instead
+KINDS = (PUBLISHED, UNPUBLISHED, SEALED, QUARANTINED, REMOVED, RESTORED, ROLLED_BACK, RENAMED, RELEASED, OPENED,
+         CORRUPT)
 
 
 @dataclass(frozen=True)

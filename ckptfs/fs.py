@@ -258,6 +258,28 @@ class CkptFS:
             return None
         return v
 
+    def volatile(self, path: str) -> bool:
+        """Whether the kernel must not cache the entry or attributes of ``path`` (the native
+        transport's timeouts, fuse/ops.py): what it shows depends on who asks (an open or queued
+        version, V1), or is checked only when it is looked at (an open group or anything in one:
+        torn detection; a sealed group found corrupt: quarantine), or it is a hidden name or the
+        committed view.  Everything else changes only through a request for it or with an event
+        naming it (events.py, E3), so a cached answer stays exact until invalidated."""
+        path = self.norm(path)
+        if is_view(path) or is_meta(path) or path in self.hidden:
+            return True
+        with self.lock:
+            if path in self.pending or path in self.queued:
+                return True
+        p = path
+        while True:
+            g = self.groups.get(p)
+            if g is not None and (g.state == OPEN or g.corrupt):
+                return True
+            if not p:
+                return False
+            p = parent(p)
+
     def _children_pending(self, path: str) -> bool:
         pre = path + "/" if path else ""
         return any(p.startswith(pre) for p in (*self.pending, *self.queued))

@@ -78,6 +78,9 @@ def spawn_daemon(a: argparse.Namespace, d: str) -> int:
         argv.append("--no-format-check")
     if a.allow_other:
         argv.append("--allow-other")
+    argv += ["--transport", a.transport, "--cache-timeout", str(a.cache_timeout)]
+    if a.no_passthrough:
+        argv.append("--no-passthrough")
     for opt in ("keep_last", "keep_every", "idle_seal"):
         if getattr(a, opt) is not None:
             argv += ["--" + opt.replace("_", "-"), str(getattr(a, opt))]
@@ -120,7 +123,8 @@ def run_foreground(a: argparse.Namespace, d: str, backing: str) -> int:
         ready_fd = os.environ.pop("CKPTFS_READY_FD", None)
         if ready_fd:
             _signal_ready_when_mounted(d, int(ready_fd))
-        serve(fs, d, allow_other=a.allow_other, debug=a.debug)
+        serve(fs, d, allow_other=a.allow_other, debug=a.debug, transport=a.transport,
+              cache_timeout=a.cache_timeout, passthrough=not a.no_passthrough)
         log.info("unmounted %s", d)
     finally:
         store.shutdown()
@@ -224,6 +228,16 @@ def cmd_recover(a: argparse.Namespace) -> int:
     return 0
 
 
+def _nonneg(v: str) -> float:
+    try:
+        f = float(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {v!r}") from None
+    if f < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0: {v}")
+    return f
+
+
 def _add_integrity_args(m: argparse.ArgumentParser) -> None:
     m.add_argument("--on-corrupt", choices=("eio", "rollback"), default="eio",
                    help="corrupt committed file: fail with EIO (default) or serve its newest good kept generation")
@@ -263,6 +277,15 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--idle-seal", type=float, metavar="SECONDS",
                    help="seal marker-less groups after this long without activity (default 30)")
     m.add_argument("--debug", action="store_true")
+    m.add_argument("--transport", choices=("auto", "kernel", "mfusepy"),
+                   default=os.environ.get("CKPTFS_TRANSPORT", "auto"),
+                   help="auto (default): our own /dev/fuse transport on Linux where it can mount "
+                        "(root, or fusermount3), else mfusepy (libfuse; macOS)")
+    m.add_argument("--cache-timeout", type=_nonneg, default=float(os.environ.get("CKPTFS_CACHE_TIMEOUT", 60)),
+                   metavar="SECONDS", help="kernel entry/attribute cache timeout, native transport (default 60; "
+                                           "every change the daemon makes is invalidated at once)")
+    m.add_argument("--no-passthrough", action="store_true",
+                   help="serve reads through the daemon even where FUSE passthrough is available")
     _add_integrity_args(m)
     m.set_defaults(func=cmd_mount)
 

@@ -195,6 +195,7 @@ class GroupEngine:
         g.last_activity = now
         self.groups[d] = g
         self.stats["groups_opened"] += 1
+        self.events.emit(events.OPENED, d, reason=rule.name)
         return g
 
     def _candidate(self, path: str) -> tuple[str, Rule] | None:
@@ -648,6 +649,7 @@ class GroupEngine:
         if g is not None and g.state == SEALED and not g.corrupt:
             g.corrupt = f"{path[len(g.path) + 1:]}: {detail}"
             log.error("group %s is corrupt (%s); it will be quarantined", g.path, g.corrupt)
+        self.events.emit(events.CORRUPT, path, reason=detail)
 
     def quarantine_corrupt(self, g: GroupState) -> bool:
         self.barrier()

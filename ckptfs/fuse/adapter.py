@@ -306,8 +306,29 @@ def raise_readahead(target: str, before: list[str], kb: int, timeout: float = 30
         return
 
 
-def serve(fs: CkptFS, mountpoint: str, *, allow_other: bool = False, debug: bool = False) -> None:
-    """Mount ``fs`` at ``mountpoint`` and serve until unmounted (foreground)."""
+def native_possible() -> bool:
+    """Whether the native transport can mount here: Linux, /dev/fuse, and root or fusermount3."""
+    import shutil
+
+    return (sys.platform.startswith("linux") and os.path.exists(os.environ.get("CKPTFS_DEV_FUSE", "/dev/fuse"))
+            and (os.geteuid() == 0 or shutil.which("fusermount3") is not None))
+
+
+def serve(fs: CkptFS, mountpoint: str, *, allow_other: bool = False, debug: bool = False,
+          transport: str = "auto", cache_timeout: float = 60.0, passthrough: bool = True) -> None:
+    """Mount ``fs`` at ``mountpoint`` and serve until unmounted (foreground).
+
+    ``transport``: ``kernel`` (ours, fuse/session.py), ``mfusepy`` (libfuse's high-level API), or
+    ``auto``: ours where it can mount (:func:`native_possible`)."""
+    if transport == "kernel" or (transport == "auto" and native_possible()):
+        from ckptfs.fuse.session import serve_native
+
+        log.info("transport: native /dev/fuse (cache timeout %ss, passthrough %s)", cache_timeout,
+                 "wanted" if passthrough else "off")
+        serve_native(fs, mountpoint, allow_other=allow_other, debug=debug, timeout=cache_timeout,
+                     passthrough=passthrough)
+        return
+    log.info("transport: mfusepy (libfuse high-level API, no kernel caching)")
     mfusepy = load_mfusepy()
     # The kernel has applied the caller's umask to the mode of every create/mkdir/mknod it sends
     # (no FUSE_CAP_DONT_MASK); the daemon must not apply its own on top (open 0620 -> 0600).

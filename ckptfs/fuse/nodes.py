@@ -1,0 +1,133 @@
+"""The native transport's node table: kernel node ids <-> mount paths, lookup counts, open counts.
+
+The core (:class:`ckptfs.fs.CkptFS`) is addressed by path; the kernel by node id.  One node per
+name, as libfuse's high-level API keeps them: a hard link's second name is another node (its
+attributes are never cached, ``ops.Ops._ttl``).
+
+Invariants:
+
+T1  A node id is never reused during a mount (a counter), so ``generation`` is always 0.
+T2  ``by_path[p].path == p`` for every mapped path; a node whose name went away (unlink, rmdir,
+    a rename over it, a daemon-initiated removal) is unmapped but stays in ``by_id`` until the
+    kernel forgets it (lookup count 0): the kernel may still send requests for it (ENOENT then,
+    or its open handles answer).
+T3  A rename through the mount moves the node and every mapped node below it.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from ckptfs.fuse.kernel import ROOT_ID
+
+
+@dataclass(eq=False)
+class Node:
+    nid: int
+    path: str | None  # mount-relative ("" is the root); None once the name is gone (T2)
+    nlookup: int = 0
+    opens: int = 0  # open file handles on this node (an unlinked open file is hidden, not removed)
+    hidden: bool = False  # renamed to a .fuse_hidden name while open (unlink or rename over it)
+
+
+def join(parent: str, name: str) -> str:
+    return f"{parent}/{name}" if parent else name
+
+
+def split(path: str) -> tuple[str, str]:
+    head, _, tail = path.rpartition("/")
+    return head, tail
+
+
+class Nodes:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        root = Node(ROOT_ID, "", nlookup=1 << 62)
+        self.by_id: dict[int, Node] = {ROOT_ID: root}
+        self.by_path: dict[str, Node] = {"": root}
+        self._next = ROOT_ID + 1
+
+    def get(self, nid: int) -> Node | None:
+        return self.by_id.get(nid)
+
+    def at(self, path: str) -> Node | None:
+        return self.by_path.get(path)
+
+    def looked_up(self, path: str) -> Node:
+        """The node of ``path`` with its lookup count raised by one (a LOOKUP/CREATE/MKDIR reply)."""
+        with self.lock:
+            n = self.by_path.get(path)
+            if n is None:
+                n = Node(self._next, path)
+                self._next += 1
+                self.by_id[n.nid] = n
+                self.by_path[path] = n
+            n.nlookup += 1
+            return n
+
+    def forget(self, nid: int, count: int) -> None:
+        with self.lock:
+            n = self.by_id.get(nid)
+            if n is None or nid == ROOT_ID:
+                return
+            n.nlookup -= count
+            if n.nlookup <= 0 and n.opens <= 0:
+                del self.by_id[nid]
+                if n.path is not None and self.by_path.get(n.path) is n:
+                    del self.by_path[n.path]
+
+    def unmap(self, path: str, subtree: bool = False) -> list[Node]:
+        """The name ``path`` (and, with ``subtree``, every name below it) is gone (T2)."""
+        with self.lock:
+            gone = []
+            n = self.by_path.pop(path, None)
+            if n is not None:
+                n.path = None
+                gone.append(n)
+            if subtree:
+                pre = path + "/"
+                for p in [p for p in self.by_path if p.startswith(pre)]:
+                    m = self.by_path.pop(p)
+                    m.path = None
+                    gone.append(m)
+            return gone
+
+    def move(self, old: str, new: str) -> None:
+        """A rename through the mount: ``old`` and its subtree now live at ``new`` (T3)."""
+        with self.lock:
+            victim = self.by_path.pop(new, None)
+            if victim is not None:
+                victim.path = None
+            pre = new + "/"
+            for p in [p for p in self.by_path if p.startswith(pre)]:
+                self.by_path.pop(p).path = None
+            moved = self.by_path.pop(old, None)
+            if moved is not None:
+                moved.path = new
+                self.by_path[new] = moved
+            opre = old + "/"
+            for p in [p for p in self.by_path if p.startswith(opre)]:
+                m = self.by_path.pop(p)
+                m.path = new + p[len(old):]
+                self.by_path[m.path] = m
+
+    def exchange(self, a: str, b: str) -> None:
+        """RENAME_EXCHANGE: the nodes (and subtrees) at ``a`` and ``b`` swap names."""
+        with self.lock:
+            na, nb = self.by_path.pop(a, None), self.by_path.pop(b, None)
+            sub = {p: self.by_path.pop(p) for p in [p for p in self.by_path
+                                                      if p.startswith(a + "/") or p.startswith(b + "/")]}
+            for n, dst in ((na, b), (nb, a)):
+                if n is not None:
+                    n.path = dst
+                    self.by_path[dst] = n
+            for p, m in sub.items():
+                m.path = b + p[len(a):] if p.startswith(a + "/") else a + p[len(b):]
+                self.by_path[m.path] = m
+
+    def under(self, path: str) -> list[Node]:
+        """Mapped nodes at ``path`` and below it."""
+        pre = path + "/" if path else ""
+        with self.lock:
+            return [n for p, n in self.by_path.items() if p == path or p.startswith(pre)]

@@ -1,0 +1,421 @@
+"""The native transport's request handlers: FUSE requests (node ids, structs) -> :class:`CkptFS` calls.
+
+No filesystem logic: each handler resolves node ids to paths (:mod:`ckptfs.fuse.nodes`), unpacks
+its request struct, calls the core with the caller (uid, gid, pid of the request) and packs the
+reply.  What libfuse's high-level API did for the mfusepy transport is done here the same way, so
+the core sees the same calls on both transports:
+
+* an unlinked (or renamed-over) file that is still open is renamed to ``.fuse_hidden<16 hex>``
+  (libfuse's ``hard_remove=0``), and that name is unlinked at its last release;
+* a directory's entries are listed once per ``opendir`` stream (offset 0) and served from that
+  list for the following READDIR requests;
+* SETATTR is chmod, chown, truncate, utimens in that order, then getattr.
+
+Kernel caching (``entry_valid`` / ``attr_valid``): ``timeout`` seconds for every answer the core
+says is stable (:meth:`CkptFS.volatile` is False, a single-link file or a directory); 0 otherwise.
+A stable answer changes only through a request the kernel sees or an event, and
+:mod:`ckptfs.fuse.notify` invalidates on every event (C1 in docs/design.md).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import stat
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ckptfs.engine.staged import Caller
+from ckptfs.fs import CkptFS
+from ckptfs.fuse import kernel as k
+from ckptfs.fuse.nodes import Node, Nodes, join, split
+from ckptfs.fuse.pagecache import PageCachePolicy
+
+log = logging.getLogger("ckptfs.fuse")
+
+RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
+
+
+class Reply(Exception):
+    """Raised by a handler that has nothing to send (FORGET, INTERRUPT)."""
+
+
+def _name(b: bytes | memoryview) -> str:
+    raw = bytes(b)
+    end = raw.find(b"\0")
+    return (raw if end < 0 else raw[:end]).decode("utf-8", "surrogateescape")
+
+
+def _names(b: bytes | memoryview) -> tuple[str, str]:
+    raw = bytes(b)
+    a, _, rest = raw.partition(b"\0")
+    c = rest.split(b"\0", 1)[0]
+    return a.decode("utf-8", "surrogateescape"), c.decode("utf-8", "surrogateescape")
+
+
+def _enc(s: str) -> bytes:
+    return s.encode("utf-8", "surrogateescape")
+
+
+class Ops:
+    """Handlers by opcode: ``handle(opcode, nodeid, caller, body) -> bytes | list[bytes]`` (the reply
+    payload) or raises OSError (the reply's error) or :class:`Reply` (no reply)."""
+
+    def __init__(self, fs: CkptFS, timeout: float = 0.0) -> None:
+        self.fs = fs
+        self.nodes = Nodes()
+        self.timeout = float(timeout)
+        self.pages = PageCachePolicy(fs.served, fs.handles_at, fs.stats)
+        self.fh_node: dict[int, Node] = {}  # open file handle -> its node (open counts, hidden names)
+        self.dirs: dict[int, list[tuple[str, dict, int]] | None] = {}  # opendir handle -> listing
+        self.dir_path: dict[int, str] = {}
+        self._next_dh = 1
+        self._hidectr = 0
+        self.lock = threading.Lock()
+        self.open_policy: Callable[[int, Node, int], tuple[int, int]] | None = None  # passthrough hook
+        self.release_hook: Callable[[int], None] | None = None
+        self.table: dict[int, Callable[[Node | None, int, Caller, memoryview], Any]] = {
+            k.LOOKUP: self.lookup, k.GETATTR: self.getattr, k.SETATTR: self.setattr,
+            k.READLINK: self.readlink, k.SYMLINK: self.symlink, k.MKNOD: self.mknod, k.MKDIR: self.mkdir,
+            k.UNLINK: self.unlink, k.RMDIR: self.rmdir, k.RENAME: self.rename, k.RENAME2: self.rename2,
+            k.LINK: self.link, k.OPEN: self.open, k.READ: self.read, k.WRITE: self.write,
+            k.STATFS: self.statfs, k.RELEASE: self.release, k.FSYNC: self.fsync, k.SETXATTR: self.setxattr,
+            k.GETXATTR: self.getxattr, k.LISTXATTR: self.listxattr, k.REMOVEXATTR: self.removexattr,
+            k.FLUSH: self.flush, k.OPENDIR: self.opendir, k.READDIR: self.readdir,
+            k.RELEASEDIR: self.releasedir, k.FSYNCDIR: self.fsyncdir, k.CREATE: self.create,
+            k.IOCTL: self.ioctl,
+        }
+
+    # ------------------------------------------------------------ helpers
+    def path_of(self, node: Node | None) -> str:
+        if node is None or node.path is None:
+            raise OSError(errno.ENOENT, "stale node")
+        return node.path
+
+    def child(self, node: Node | None, name: str) -> str:
+        return join(self.path_of(node), name)
+
+    def ttl(self, path: str, st: dict[str, Any] | None) -> float:
+        """The cache timeout of an answer about ``path`` (see the module docstring)."""
+        if self.timeout <= 0 or self.fs.volatile(path):
+            return 0.0
+        if st is not None and not stat.S_ISDIR(st["st_mode"]) and st.get("st_nlink", 1) > 1:
+            return 0.0  # another name of this file is another node: its attributes would go stale
+        return self.timeout
+
+    def entry(self, path: str, st: dict[str, Any]) -> bytes:
+        n = self.nodes.looked_up(path)
+        t = k.sec_nsec(self.ttl(path, st))
+        return k.ENTRY_OUT.pack(n.nid, 0, t[0], t[0], t[1], t[1], *k.pack_attr(st))
+
+    def attr(self, path: str, st: dict[str, Any]) -> bytes:
+        t = k.sec_nsec(self.ttl(path, st))
+        return k.ATTR_OUT.pack(t[0], t[1], 0, *k.pack_attr(st))
+
+    # ------------------------------------------------------------ names
+    def lookup(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
+        path = self.child(node, _name(body))
+        try:
+            st = self.fs.getattr(path, None, c)
+        except OSError as e:
+            if e.errno == errno.ENOENT and self.timeout > 0 and not self.fs.volatile(path):
+                # a negative entry: cached until an event names the path (a publish, a restore)
+                t = k.sec_nsec(self.timeout)
+                return k.ENTRY_OUT.pack(0, 0, t[0], 0, t[1], 0, *k.pack_attr({}))
+            raise
+        return self.entry(path, st)
+
+    def getattr(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
+        flags, _, fh = k.GETATTR_IN.unpack_from(body)
+        fh_ = fh if flags & k.GETATTR_FH else None
+        if node is not None and node.path is None and fh_ is None:
+            raise OSError(errno.ENOENT, "stale node")
+        path = node.path if node is not None and node.path is not None else ""
+        st = self.fs.getattr(path, fh_, c)
+        return self.attr(path, st)
+
+    def setattr(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
+        (valid, _, fh, size, _lo, atime, mtime, _ct, atimens, mtimens, _ctn, mode, _u4, uid, gid,
+         _u5) = k.SETATTR_IN.unpack_from(body)
+        fh_ = fh if valid & k.FATTR_FH else None
+        path = node.path if node is not None and node.path is not None else None
+        if path is None:
+            if fh_ is None:
+                raise OSError(errno.ENOENT, "stale node")
+            path = self.fs.handles[fh_].path if fh_ in self.fs.handles else ""
+        if valid & k.FATTR_MODE:
+            self.fs.chmod(path, mode)
+        if valid & (k.FATTR_UID | k.FATTR_GID):
+            self.fs.chown(path, uid if valid & k.FATTR_UID else -1, gid if valid & k.FATTR_GID else -1)
+        if valid & k.FATTR_SIZE:
+            self.fs.truncate(path, size, fh_, c)
+        if valid & (k.FATTR_ATIME | k.FATTR_MTIME | k.FATTR_ATIME_NOW | k.FATTR_MTIME_NOW):
+            now = time.time_ns()
+            a = now if valid & k.FATTR_ATIME_NOW else (
+                atime * 10**9 + atimens if valid & k.FATTR_ATIME else None)
+            m = now if valid & k.FATTR_MTIME_NOW else (
+                mtime * 10**9 + mtimens if valid & k.FATTR_MTIME else None)
+            if a is not None and a >= 1 << 63:
+                a -= 1 << 64
+            if m is not None and m >= 1 << 63:
+                m -= 1 << 64
+            self.fs.utimens(path, (a, m))
+        st = self.fs.getattr(path, fh_, c)
+        return self.attr(path, st)
+
+    def readlink(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
+        return _enc(self.fs.readlink(self.path_of(node)))
+
+    def symlink(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
+        name, target = _names(body)
+        path = self.child(node, name)
+        self.fs.symlink(target, path, c)
+        return self.entry(path, self.fs.getattr(path, None, c))
+
+    def mknod(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
+        mode, rdev, _umask, _ = k.MKNOD_IN.unpack_from(body)
+        path = self.child(node, _name(body[k.MKNOD_IN.size:]))
+        self.fs.mknod(path, mode, rdev, c)
+        return self.entry(path, self.fs.getattr(path, None, c))
+
+    def mkdir(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
+        mode, _umask = k.MKDIR_IN.unpack_from(body)
+        path = self.child(node, _name(body[k.MKDIR_IN.size:]))
+        self.fs.mkdir(path, mode | stat.S_IFDIR, c)
+        return self.entry(path, self.fs.getattr(path, None, c))
+
+    def _hide(self, path: str, n: Node, c: Caller) -> None:
+        """Rename the open file at ``path`` to a hidden name instead of removing it (libfuse's
+        ``hard_remove=0``); the core keeps nothing on disk for it (``CkptFS._hide``)."""
+        d, _ = split(path)
+        while True:
+            with self.lock:
+                self._hidectr += 1
+                hidden = join(d, f".fuse_hidden{n.nid & 0xFFFFFFFF:08x}{self._hidectr & 0xFFFFFFFF:08x}")
+            if self.nodes.at(hidden) is None:
+                break
+        self.fs.rename(path, hidden, 0, c)
+        self.nodes.move(path, hidden)
+        n.hidden = True
+
+    def unlink(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
+        path = self.child(node, _name(body))
+        n = self.nodes.at(path)
+        if n is not None and n.opens > 0:
+            self._hide(path, n, c)
+        else:
+            self.fs.unlink(path, c)
+            self.nodes.unmap(path)
+        self.pages.forget(path)
+        return b""
+
+    def rmdir(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
+        path = self.child(node, _name(body))
+        self.fs.rmdir(path)
+        self.nodes.unmap(path, subtree=True)
+        self.pages.forget(path)
+        return b""
+
+    def _rename(self, node: Node | None, newdir: int, flags: int, c: Caller, names: memoryview) -> Any:
+        oldname, newname = _names(names)
+        old = self.child(node, oldname)
+        new = self.child(self.nodes.get(newdir), newname)
+        self.pages.forget(old, new)
+        try:
+            if flags == 0:
+                victim = self.nodes.at(new)
+                if victim is not None and victim.opens > 0 and old != new:
+                    self._hide(new, victim, c)
+            self.fs.rename(old, new, flags, c)
+            if flags & RENAME_EXCHANGE:
+                self.nodes.exchange(old, new)
+            elif old != new:
+                self.nodes.move(old, new)
+        finally:
+            self.pages.forget(old, new)
+        return b""
+
+    def rename(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
+        (newdir,) = k.RENAME_IN.unpack_from(body)
+        return self._rename(node, newdir, 0, c, body[k.RENAME_IN.size:])
+
+    def rename2(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
+        newdir, flags, _ = k.RENAME2_IN.unpack_from(body)
+        return self._rename(node, newdir, flags, c, body[k.RENAME2_IN.size:])
+
+    def link(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
+        (oldnid,) = k.LINK_IN.unpack_from(body)
+        old = self.path_of(self.nodes.get(oldnid))
+        path = self.child(node, _name(body[k.LINK_IN.size:]))
+        self.fs.link(old, path, c)
+        return self.entry(path, self.fs.getattr(path, None, c))
+
+    # ------------------------------------------------------------ files
+    def _opened(self, fh: int, n: Node, flags: int) -> bytes:
+        with self.lock:
+            n.opens += 1
+            self.fh_node[fh] = n
+        oflags, backing = 0, 0
+        if self.fs.direct_io(fh):
+            oflags |= k.FOPEN_DIRECT_IO
+        elif self.open_policy is not None:
+            oflags, backing = self.open_policy(fh, n, flags)
+        if not oflags & (k.FOPEN_DIRECT_IO | k.FOPEN_PASSTHROUGH) and self.pages.decide(fh):
+            oflags |= k.FOPEN_KEEP_CACHE
+        return k.OPEN_OUT.pack(fh, oflags, backing)
+
+    def open(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
+        flags, _ = k.OPEN_IN.unpack_from(body)
+        path = self.path_of(node)
+        assert node is not None
+        fh = self.fs.open(path, flags, c)
+        return self._opened(fh, node, flags)
+
+    def create(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
+        flags, mode, _umask, _ = k.CREATE_IN.unpack_from(body)
+        path = self.child(node, _name(body[k.CREATE_IN.size:]))
+        fh = self.fs.create(path, mode, flags, c)
+        try:
+            st = self.fs.getattr(path, fh, c)
+        except OSError:
+            self.fs.release(fh, c)
+            raise
+        ent = self.entry(path, st)
+        n = self.nodes.at(path)
+        assert n is not None
+        self.pages.decide(fh)  # a writer: the path's cached pages are no longer known clean
+        return [ent, self._opened(fh, n, flags)]
+
+    def read(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
+        fh, offset, size, *_ = k.READ_IN.unpack_from(body)
+        buf = _read_buffer(size)
+        n = self.fs.read_into(fh, buf[:size], offset)
+        return buf[:n]
+
+    def write(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
+        fh, offset, size, *_ = k.WRITE_IN.unpack_from(body)
+        data = body[k.WRITE_IN.size:k.WRITE_IN.size + size]
+        return k.WRITE_OUT.pack(self.fs.write(fh, data, offset, c), 0)
+
+    def flush(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
+        fh, *_ = k.FLUSH_IN.unpack_from(body)
+        self.fs.flush(fh, c)
+        return b""
+
+    def release(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
+        fh, *_ = k.RELEASE_IN.unpack_from(body)
+        try:
+            self.fs.release(fh, c)
+        finally:
+            if self.release_hook is not None:
+                self.release_hook(fh)
+            with self.lock:
+                n = self.fh_node.pop(fh, None)
+                last = n is not None and n.opens == 1
+                if n is not None:
+                    n.opens -= 1
+            if n is not None and last and n.hidden and n.path is not None:
+                hidden = n.path
+                try:
+                    self.fs.unlink(hidden, c)
+                except OSError as e:
+                    log.debug("unlink of hidden %s: %s", hidden, e)
+                self.nodes.unmap(hidden)
+        return b""
+
+    def fsync(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
+        fh, *_ = k.FSYNC_IN.unpack_from(body)
+        self.fs.fsync(fh, c)
+        return b""
+
+    def ioctl(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
+        raise OSError(errno.ENOTTY, "no ioctls")  # isatty() in every Python open(): answered at once
+
+    def statfs(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
+        s = self.fs.statfs()
+        return k.STATFS_OUT.pack(s["f_blocks"], s["f_bfree"], s["f_bavail"], s["f_files"], s["f_ffree"],
+                                 s["f_bsize"], s["f_namemax"], s["f_frsize"], 0)
+
+    # ------------------------------------------------------------ xattrs
+    def setxattr(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
+        size, flags = k.SETXATTR_IN.unpack_from(body)
+        rest = bytes(body[k.SETXATTR_IN.size:])
+        name, _, tail = rest.partition(b"\0")
+        self.fs.setxattr(self.path_of(node), name.decode("utf-8", "surrogateescape"), tail[:size], flags, c)
+        return b""
+
+    def _sized(self, value: bytes, size: int) -> bytes:
+        if size == 0:
+            return k.GETXATTR_OUT.pack(len(value), 0)
+        if len(value) > size:
+            raise OSError(errno.ERANGE, "buffer too small")
+        return value
+
+    def getxattr(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
+        size, _ = k.GETXATTR_IN.unpack_from(body)
+        value = self.fs.getxattr(self.path_of(node), _name(body[k.GETXATTR_IN.size:]), c)
+        return self._sized(bytes(value), size)
+
+    def listxattr(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
+        size, _ = k.GETXATTR_IN.unpack_from(body)
+        names = self.fs.listxattr(self.path_of(node))
+        return self._sized(b"".join(_enc(n) + b"\0" for n in names), size)
+
+    def removexattr(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
+        self.fs.removexattr(self.path_of(node), _name(body))
+        return b""
+
+    # ------------------------------------------------------------ directories
+    def opendir(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
+        path = self.path_of(node)
+        with self.lock:
+            dh = self._next_dh
+            self._next_dh += 1
+            self.dirs[dh] = None
+            self.dir_path[dh] = path
+        return k.OPEN_OUT.pack(dh, 0, 0)
+
+    def readdir(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
+        dh, offset, size, *_ = k.READ_IN.unpack_from(body)
+        entries = self.dirs.get(dh)
+        if entries is None or offset == 0:
+            path = node.path if node is not None and node.path is not None else self.dir_path.get(dh)
+            if path is None:
+                raise OSError(errno.ENOENT, "stale node")
+            entries = self.fs.readdir(path, c)
+            self.dirs[dh] = entries
+        out: list[bytes] = []
+        used = 0
+        for i in range(offset, len(entries)):
+            name, st, _ = entries[i]
+            rec = k.dirent(st.get("st_ino", 0), i + 1, _enc(name), (st.get("st_mode", 0) >> 12) & 0xF)
+            if used + len(rec) > size:
+                break
+            out.append(rec)
+            used += len(rec)
+        return b"".join(out)
+
+    def releasedir(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
+        dh, *_ = k.RELEASE_IN.unpack_from(body)
+        with self.lock:
+            self.dirs.pop(dh, None)
+            self.dir_path.pop(dh, None)
+        return b""
+
+    def fsyncdir(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
+        self.fs.fsyncdir(self.path_of(node))
+        return b""
+
+
+_local = threading.local()
+
+
+def _read_buffer(size: int) -> memoryview:
+    """A per-thread reply buffer of at least ``size`` bytes (reads go straight into it)."""
+    buf = getattr(_local, "buf", None)
+    if buf is None or len(buf) < size:
+        buf = memoryview(bytearray(max(size, 1 << 20)))
+        _local.buf = buf
+    return buf
