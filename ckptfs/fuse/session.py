@@ -36,6 +36,7 @@ from ckptfs.fs import CkptFS
 from ckptfs.fuse import kernel as k
 from ckptfs.fuse.notify import Notifier
 from ckptfs.fuse.ops import Ops, Reply
+from ckptfs.fuse.readahead import READ_AHEAD_KB, _fuse_devs_at, raise_readahead
 
 log = logging.getLogger("ckptfs.fuse")
 
@@ -263,8 +264,6 @@ class Session:
 def serve_native(fs: CkptFS, mountpoint: str, *, allow_other: bool = False, debug: bool = False,
                  timeout: float = 0.0, passthrough: bool = True) -> None:
     """Mount ``fs`` at ``mountpoint`` with the native transport and serve until unmounted."""
-    from ckptfs.fuse.adapter import READ_AHEAD_KB, _fuse_devs_at, raise_readahead
-
     os.umask(0)  # the kernel applied the caller's umask already (no FUSE_DONT_MASK)
     target = os.path.realpath(mountpoint)
     before = _fuse_devs_at(target)
@@ -313,6 +312,4 @@ def serve_native(fs: CkptFS, mountpoint: str, *, allow_other: bool = False, debu
 
 
 def _mounted(target: str, before: list[str]) -> bool:
-    from ckptfs.fuse.adapter import _fuse_devs_at
-
     return any(d not in before for d in _fuse_devs_at(target))
