@@ -10,7 +10,8 @@ T1  A node id is never reused during a mount (a counter), so ``generation`` is a
 T2  ``by_path[p].path == p`` for every mapped path; a node whose name went away (unlink, rmdir,
     a rename over it, a daemon-initiated removal) is unmapped but stays in ``by_id`` until the
     kernel forgets it (lookup count 0): the kernel may still send requests for it (ENOENT then,
-    or its open handles answer).
+    or its open handles answer).  A *detached* node (:meth:`detach`) keeps its path but is no
+    longer ``by_path[path]``: the name's next lookup makes a new node.
 T3  A rename through the mount moves the node and every mapped node below it.
 """
 
@@ -29,6 +30,10 @@ class Node:
     nlookup: int = 0
     opens: int = 0  # open file handles on this node (an unlinked open file is hidden, not removed)
     hidden: bool = False  # renamed to a .fuse_hidden name while open (unlink or rename over it)
+    cached_opens: int = 0  # opens in the kernel's cached I/O mode (neither direct I/O nor passthrough)
+    pt_opens: int = 0  # passthrough opens; they share one backing id (one per kernel inode)
+    pt_backing: int = 0
+    pt_key: tuple = ()  # identity of the backing file they read (st_dev, st_ino, size, mtime, ctime)
 
 
 def join(parent: str, name: str) -> str:
@@ -92,6 +97,13 @@ class Nodes:
                     m.path = None
                     gone.append(m)
             return gone
+
+    def detach(self, n: Node) -> None:
+        """Give ``n``'s name a fresh node at the next lookup; ``n`` keeps its path for requests
+        on its open handles (passthrough: a kernel inode reads one backing file, fuse/passthrough.py)."""
+        with self.lock:
+            if n.path is not None and self.by_path.get(n.path) is n:
+                del self.by_path[n.path]
 
     def move(self, old: str, new: str) -> None:
         """A rename through the mount: ``old`` and its subtree now live at ``new`` (T3)."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import stat
 import threading
 import time
@@ -74,8 +75,7 @@ class Ops:
         self._next_dh = 1
         self._hidectr = 0
         self.lock = threading.Lock()
-        self.open_policy: Callable[[int, Node, int], tuple[int, int]] | None = None  # passthrough hook
-        self.release_hook: Callable[[int], None] | None = None
+        self.passthrough: Any = None  # fuse/passthrough.Passthrough once negotiated at INIT
         self.table: dict[int, Callable[[Node | None, int, Caller, memoryview], Any]] = {
             k.LOOKUP: self.lookup, k.GETATTR: self.getattr, k.SETATTR: self.setattr,
             k.READLINK: self.readlink, k.SYMLINK: self.symlink, k.MKNOD: self.mknod, k.MKDIR: self.mkdir,
@@ -253,29 +253,43 @@ class Ops:
         return self.entry(path, self.fs.getattr(path, None, c))
 
     # ------------------------------------------------------------ files
-    def _opened(self, fh: int, n: Node, flags: int) -> bytes:
+    def _opened(self, fh: int, n: Node, c: Caller, flags: int) -> bytes:
+        """The OPEN reply for new handle ``fh`` on ``n``: direct I/O, passthrough or cached (with
+        keep_cache where the page-cache rule allows).  On an error the handle is released."""
+        direct = self.fs.direct_io(fh)
+        try:
+            if self.passthrough is not None:
+                oflags, backing = self.passthrough.choose(fh, n, direct)
+            else:
+                oflags, backing = (k.FOPEN_DIRECT_IO if direct else 0), 0
+        except OSError:
+            self.fs.release(fh, c)
+            raise
         with self.lock:
             n.opens += 1
             self.fh_node[fh] = n
-        oflags, backing = 0, 0
-        if self.fs.direct_io(fh):
-            oflags |= k.FOPEN_DIRECT_IO
-        elif self.open_policy is not None:
-            oflags, backing = self.open_policy(fh, n, flags)
         if not oflags & (k.FOPEN_DIRECT_IO | k.FOPEN_PASSTHROUGH) and self.pages.decide(fh):
             oflags |= k.FOPEN_KEEP_CACHE
+        if flags & os.O_ACCMODE == os.O_RDONLY:
+            oflags |= k.FOPEN_NOFLUSH  # CkptFS.flush does nothing for a reader: no round trip at close
         return k.OPEN_OUT.pack(fh, oflags, backing)
 
     def open(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
         flags, _ = k.OPEN_IN.unpack_from(body)
         path = self.path_of(node)
         assert node is not None
+        if self.passthrough is not None and self.passthrough.conflicts(node, flags):
+            raise self.passthrough._stale(node)  # before the core sees it: nothing to undo
         fh = self.fs.open(path, flags, c)
-        return self._opened(fh, node, flags)
+        return self._opened(fh, node, c, flags)
 
     def create(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
         flags, mode, _umask, _ = k.CREATE_IN.unpack_from(body)
         path = self.child(node, _name(body[k.CREATE_IN.size:]))
+        if self.passthrough is not None:
+            old = self.nodes.at(path)
+            if old is not None and old.pt_opens > 0:
+                self.nodes.detach(old)  # a writer never lands on a node passthrough readers hold (P2)
         fh = self.fs.create(path, mode, flags, c)
         try:
             st = self.fs.getattr(path, fh, c)
@@ -286,7 +300,7 @@ class Ops:
         n = self.nodes.at(path)
         assert n is not None
         self.pages.decide(fh)  # a writer: the path's cached pages are no longer known clean
-        return [ent, self._opened(fh, n, flags)]
+        return [ent, self._opened(fh, n, c, flags)]
 
     def read(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
         fh, offset, size, *_ = k.READ_IN.unpack_from(body)
@@ -309,8 +323,8 @@ class Ops:
         try:
             self.fs.release(fh, c)
         finally:
-            if self.release_hook is not None:
-                self.release_hook(fh)
+            if self.passthrough is not None:
+                self.passthrough.released(fh)
             with self.lock:
                 n = self.fh_node.pop(fh, None)
                 last = n is not None and n.opens == 1

@@ -269,7 +269,7 @@ def serve_native(fs: CkptFS, mountpoint: str, *, allow_other: bool = False, debu
     before = _fuse_devs_at(target)
     fd = kernel_mount(target, f"ckptfs:{fs.backing_label}"[:200], allow_other)
     ops = Ops(fs, timeout=timeout)
-    session = Session(fd, ops, passthrough=False, debug=debug)  # passthrough: fuse/passthrough.py (next)
+    session = Session(fd, ops, passthrough=passthrough and os.geteuid() == 0, debug=debug)
     notifier = Notifier(fd, ops)
     stopping = threading.Event()
 

@@ -309,6 +309,17 @@ class Integrity:
             self.store.close(gfd)
         return None
 
+    def verify_whole(self, fd: int) -> None:
+        """Verify every byte of the committed file open as ``fd`` now (passthrough: the kernel will
+        serve its reads without asking us).  Once per version (``VState.full_checked``), so
+        re-opens cost nothing; raises EIO if it is corrupt (recorded as a read would)."""
+        chk = self.checks.get(fd)
+        if chk is None:
+            return  # untracked: nothing recorded to verify against (reads are not checked either)
+        bad = self._verify_all(chk.path, fd, chk.state)
+        if bad is not None:
+            raise _eio(chk.path, bad)
+
     def bind(self, fd: int, chk: Check | None) -> None:
         if chk is not None:
             with self.lock:
