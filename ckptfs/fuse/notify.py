@@ -62,23 +62,29 @@ class Notifier:
         only looks nodes up and enqueues."""
         nodes = self.ops.nodes
         paths = [ev.path] + ([ev.dst] if ev.kind == events.RENAMED and ev.dst else [])
-        if ev.kind == events.CORRUPT:  # the group holding it is quarantined on the next look at it
-            p = ev.path
-            while p:
-                p = split(p)[0]
-                paths.append(p)
         for path in paths:
-            if path:
-                d, name = split(path)
-                pn = nodes.at(d)
-                if pn is not None:
-                    self.q.put((k.NOTIFY_INVAL_ENTRY, pn.nid, name.encode("utf-8", "surrogateescape")))
-                    self.q.put((k.NOTIFY_INVAL_INODE, pn.nid, b""))
+            self._entry(path)
             for n in nodes.under(path):
                 self.q.put((k.NOTIFY_INVAL_INODE, n.nid, b""))
+        if ev.kind == events.CORRUPT:  # the group holding it is quarantined on the next look at it
+            p = split(ev.path)[0]
+            while p:
+                self._entry(p)
+                p = split(p)[0]
         if ev.kind in GONE:
             nodes.unmap(ev.path, subtree=True)  # a later lookup of the name is a new node
         self.ops.pages.forget(*[p for p in paths if p])
+
+    def _entry(self, path: str) -> None:
+        """INVAL_ENTRY of ``path``'s name in its parent and INVAL_INODE of the parent (if the kernel
+        knows the parent: otherwise it has no entry to drop)."""
+        if not path:
+            return
+        d, name = split(path)
+        pn = self.ops.nodes.at(d)
+        if pn is not None:
+            self.q.put((k.NOTIFY_INVAL_ENTRY, pn.nid, name.encode("utf-8", "surrogateescape")))
+            self.q.put((k.NOTIFY_INVAL_INODE, pn.nid, b""))
 
     def _run(self) -> None:
         while True:

@@ -131,6 +131,7 @@ class Session:
         self.workers: list[threading.Thread] = []
         self.done = threading.Event()
         self.stats = ops.fs.stats
+        self.keys = {op: "fuse_" + name.lower() for op, name in k.NAMES.items()}  # request counters
 
     # ------------------------------------------------------------ replies
     def reply(self, unique: int, payload: Any) -> None:
@@ -222,6 +223,7 @@ class Session:
         length, opcode, unique, nid, uid, gid, pid, extlen, _ = k.IN_HEADER.unpack_from(req)
         body = req[k.IN_HEADER.size:length - extlen * 8]
         ops = self.ops
+        self.stats[self.keys.get(opcode, "fuse_other")] += 1
         if opcode == k.FORGET:
             ops.nodes.forget(nid, k.FORGET_IN.unpack_from(body)[0])
             return

@@ -1,0 +1,264 @@
+"""The native /dev/fuse transport (issue 12): protocol layouts, kernel caching with exact
+invalidation, passthrough of committed files, and the fd passing of fusermount3.
+
+Every test mounts a real filesystem except the layout and notifier logic tests (marked "logic").
+Request counts come from the daemon's own counters (``user.ckptfs.stats``: ``fuse_<opcode>``)."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import Mount, run_py
+
+from ckptfs import events
+from ckptfs.fuse import kernel as k
+from ckptfs.fuse.notify import Notifier
+from ckptfs.fuse.ops import Ops
+
+LONG = ["--cache-timeout", "3600"]  # a cached answer that is not invalidated stays wrong for an hour
+
+
+def stats(m: Mount) -> dict:
+    return json.loads(os.getxattr(m.path, "user.ckptfs.stats"))
+
+
+# ------------------------------------------------------------------ logic: layouts
+def test_struct_sizes_match_the_kernel_abi() -> None:
+    """sizeof() of each struct in include/uapi/linux/fuse.h (protocol 7.40+)."""
+    sizes = {k.IN_HEADER: 40, k.OUT_HEADER: 16, k.ATTR: 88, k.ENTRY_OUT: 128, k.ATTR_OUT: 104,
+             k.INIT_OUT: 64, k.SETATTR_IN: 88, k.OPEN_OUT: 16, k.READ_IN: 40, k.RELEASE_IN: 24,
+             k.STATFS_OUT: 80, k.CREATE_IN: 16, k.MKNOD_IN: 16, k.RENAME2_IN: 16, k.GETATTR_IN: 16,
+             k.NOTIFY_INVAL_ENTRY_OUT: 16, k.NOTIFY_INVAL_INODE_OUT: 24, k.BACKING_MAP: 16, k.FORGET_ONE: 16}
+    assert {s.format: s.size for s in sizes} == {s.format: n for s, n in sizes.items()}
+    # ioctl numbers: _IOR/_IOW(229, nr, size)
+    assert k.DEV_IOC_BACKING_OPEN == (1 << 30) | (16 << 16) | (229 << 8) | 1
+    assert k.DEV_IOC_BACKING_CLOSE == (1 << 30) | (4 << 16) | (229 << 8) | 2
+    assert k.DEV_IOC_CLONE == (2 << 30) | (4 << 16) | (229 << 8) | 0
+
+
+def test_attr_packing_keeps_negative_times_and_nanoseconds() -> None:
+    fields = k.pack_attr({"st_ino": 7, "st_size": 5, "st_mode": 0o100644, "st_nlink": 1,
+                          "st_atime": -1, "st_mtime": 1_700_000_000_123_456_789, "st_ctime": 0})
+    ino, size, _b, a, m, c, an, mn, cn, mode, *_ = fields
+    assert (ino, size, mode) == (7, 5, 0o100644)
+    assert struct.unpack("<q", struct.pack("<Q", a))[0] == -1 and an == 999_999_999
+    assert (m, mn, c, cn) == (1_700_000_000, 123_456_789, 0, 0)
+
+
+# ------------------------------------------------------------------ logic: every event invalidates
+class _FakeFS:
+    def __init__(self) -> None:
+        import collections
+
+        self.stats: collections.Counter[str] = collections.Counter()
+        self.served = self.handles_at = lambda *a: None
+
+
+@pytest.mark.parametrize("kind", events.KINDS)
+def test_every_event_kind_invalidates_the_path_its_subtree_and_parent(kind: str) -> None:
+    """C1: for each event kind, the notifier queues INVAL_ENTRY(parent, name), INVAL_INODE of the
+    path's node, of every node below it and of the parent.  Fails if a kind is skipped."""
+    ops = Ops(_FakeFS(), timeout=3600)  # type: ignore[arg-type]
+    for p in ("run", "run/ckpt-1", "run/ckpt-1/model.pt", "run/ckpt-1/sub", "run/ckpt-1/sub/x", "other"):
+        ops.nodes.looked_up(p)
+    nid = {p: n.nid for p, n in ops.nodes.by_path.items()}
+    note = Notifier(-1, ops)
+    note.on_event(events.Event(kind, "run/ckpt-1", dst="run/ckpt-2" if kind == events.RENAMED else ""))
+    got = []
+    while not note.q.empty():
+        got.append(note.q.get())
+    entries = {(p, bytes(n)) for c, p, n in got if c == k.NOTIFY_INVAL_ENTRY}
+    inodes = {p for c, p, _ in got if c == k.NOTIFY_INVAL_INODE}
+    assert (nid["run"], b"ckpt-1") in entries
+    assert {nid["run"], nid["run/ckpt-1"], nid["run/ckpt-1/model.pt"], nid["run/ckpt-1/sub/x"]} <= inodes
+    assert nid["other"] not in inodes
+    if kind in (events.QUARANTINED, events.REMOVED):  # the name's next lookup is a new node
+        assert ops.nodes.at("run/ckpt-1") is None and ops.nodes.at("run/ckpt-1/model.pt") is None
+
+
+# ------------------------------------------------------------------ real mounts
+def test_native_transport_serves_and_the_kernel_caches_stable_answers(tmp_path: Path) -> None:
+    d = tmp_path / "m"
+    d.mkdir()
+    with Mount(d, extra_args=LONG) as m:
+        (m.path / "notes.txt").write_text("hello")
+        torch.save({"w": torch.arange(4)}, m.path / "model.pt")
+        s0 = stats(m)
+        assert s0.get("transport_native") == 1
+        run_py(f"import os\nfor _ in range(500): os.stat({str(m.path / 'model.pt')!r}); "
+               f"os.stat({str(m.path / 'notes.txt')!r})")
+        s1 = stats(m)
+        asked = sum(s1.get(f"fuse_{op}", 0) - s0.get(f"fuse_{op}", 0) for op in ("lookup", "getattr"))
+        assert asked <= 6, f"1000 stats of two stable files reached the daemon {asked} times"
+
+
+def test_a_name_that_appears_is_seen_despite_a_cached_negative_entry(tmp_path: Path) -> None:
+    d = tmp_path / "m"
+    d.mkdir()
+    with Mount(d, extra_args=LONG) as m:
+        p = m.path / "late.txt"
+        assert not p.exists()  # a negative entry, cached for an hour
+        run_py(f"open({str(p)!r}, 'w').write('x')")  # another process creates it
+        assert p.read_text() == "x"
+
+
+def test_retention_removes_a_cached_group_at_once(tmp_path: Path) -> None:
+    """REMOVED: a group deleted by retention vanishes for a process that had it cached."""
+    from test_groups import save_hf_like
+
+    d = tmp_path / "m"
+    d.mkdir()
+    with Mount(d, extra_args=[*LONG, "--keep-last", "1"]) as m:
+        save_hf_like(m.path, 1)
+        g1 = m.path / "checkpoint-1"
+        for _ in range(3):
+            assert (g1 / "model.pt").stat().st_size > 0 and g1.is_dir()  # cached now
+        save_hf_like(m.path, 2)  # sealing it rotates checkpoint-1 out
+        assert not g1.exists() and not (g1 / "model.pt").exists()
+        assert sorted(os.listdir(m.path)) == ["checkpoint-2"]
+
+
+def test_a_corrupt_group_found_by_the_scrubber_vanishes_from_the_cache(tmp_path: Path) -> None:
+    """CORRUPT then QUARANTINED: the daemon finds damage on its own (scrub); the group, cached by
+    stat, is gone for everyone without any request naming it."""
+    from test_groups import _damage, cli, save_hf_like
+
+    src, mp = tmp_path / "src", tmp_path / "mnt"
+    src.mkdir()
+    mp.mkdir()
+    with Mount(mp, backing=src, extra_args=[*LONG, "--scrub-interval", "0"]) as m:
+        save_hf_like(m.path, 1)
+        save_hf_like(m.path, 2)
+        g2 = m.path / "checkpoint-2"
+        assert g2.is_dir() and (g2 / "model.pt").is_file()  # cached
+        _damage(src, "bitflip")
+        cli("scrub", str(m.path), "--wait", check=False)
+        deadline = time.monotonic() + 10
+        while g2.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not g2.exists()
+        assert os.listdir(m.path) == ["checkpoint-1"]
+
+
+def test_passthrough_reads_never_reach_the_daemon(tmp_path: Path) -> None:
+    d = tmp_path / "m"
+    d.mkdir()
+    with Mount(d) as m:
+        data = os.urandom(8 << 20)
+        (m.path / "blob.bin").write_bytes(data)
+        s0 = stats(m)
+        got = run_py(f"import hashlib; print(hashlib.sha256(open({str(m.path / 'blob.bin')!r}, 'rb')"
+                     f".read()).hexdigest())").stdout.strip()
+        assert got == hashlib.sha256(data).hexdigest()
+        s1 = stats(m)
+        assert s1.get("passthrough_opens", 0) > s0.get("passthrough_opens", 0)
+        assert s1.get("fuse_read", 0) == s0.get("fuse_read", 0)
+        # mmap works (the kernel maps the backing file)
+        run_py(f"import mmap\nf = open({str(m.path / 'blob.bin')!r}, 'rb')\n"
+               "mm = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)\nassert len(mm) == 8 << 20")
+
+
+def test_passthrough_off_serves_reads_through_the_daemon(tmp_path: Path) -> None:
+    d = tmp_path / "m"
+    d.mkdir()
+    with Mount(d, extra_args=["--no-passthrough"]) as m:
+        (m.path / "blob.bin").write_bytes(b"x" * (1 << 20))
+        s0 = stats(m)
+        assert (m.path / "blob.bin").read_bytes() == b"x" * (1 << 20)
+        s1 = stats(m)
+        assert s1.get("fuse_read", 0) > s0.get("fuse_read", 0) and not s1.get("passthrough_opens")
+
+
+def test_a_writer_meeting_passthrough_readers_gets_a_new_node(tmp_path: Path) -> None:
+    """P2: readers open on the committed file keep reading it; the rewrite lands on a fresh kernel
+    inode (an ESTALE retry) instead of failing with EIO; a new open sees the new version."""
+    d = tmp_path / "m"
+    d.mkdir()
+    with Mount(d) as m:
+        p = m.path / "model.pt"
+        torch.save({"w": torch.zeros(1 << 18)}, p)
+        with open(p, "rb") as r1, open(p, "rb") as r2:
+            old = r1.read()
+            torch.save({"w": torch.ones(1 << 18)}, p)  # in place, while both readers are open
+            assert r2.read() == old
+            r1.seek(0)
+            assert r1.read() == old
+        assert torch.equal(torch.load(p)["w"], torch.ones(1 << 18))
+        assert stats(m).get("passthrough_node_splits", 0) >= 1
+
+
+def test_corruption_found_at_open_is_eio_with_passthrough(tmp_path: Path) -> None:
+    src, mp = tmp_path / "src", tmp_path / "mnt"
+    src.mkdir()
+    mp.mkdir()
+    with Mount(mp, backing=src) as m:
+        (m.path / "w.bin").write_bytes(os.urandom(3 << 20))
+        with open(src / "w.bin", "r+b") as f:  # bit rot in the last chunk, same inode
+            f.seek((3 << 20) - 10)
+            b = f.read(1)
+            f.seek((3 << 20) - 10)
+            f.write(bytes([b[0] ^ 1]))
+        with pytest.raises(OSError) as e:
+            open(m.path / "w.bin", "rb").close()
+        assert e.value.errno == errno.EIO
+        assert os.getxattr(m.path / "w.bin", "user.ckptfs.status") == b"corrupt"
+
+
+def test_fusermount3_passes_a_working_fuse_connection(tmp_path: Path) -> None:
+    """The unprivileged mount path (fusermount3 and _FUSE_COMMFD): the fd it passes back carries the
+    kernel's INIT request for the new mount."""
+    from ckptfs.fuse.session import fusermount_mount, unmount
+
+    if shutil.which("fusermount3") is None:
+        pytest.fail("fusermount3 missing: .ci/run installs fuse3")
+    d = tmp_path / "m"
+    d.mkdir()
+    fd = fusermount_mount(str(d), "ckptfs:test", allow_other=False)
+    try:
+        req = os.read(fd, 1 << 20 | 4096)
+        length, opcode, *_ = k.IN_HEADER.unpack_from(req)
+        assert opcode == k.INIT and length == len(req)
+    finally:
+        subprocess.run(["fusermount3", "-uz", str(d)], capture_output=True)
+        os.close(fd)
+        unmount(str(d))
+
+
+def test_sigterm_unmounts_and_the_daemon_exits(tmp_path: Path) -> None:
+    d = tmp_path / "m"
+    d.mkdir()
+    m = Mount(d).start()
+    try:
+        (m.path / "a.txt").write_text("a")
+        os.kill(m.pid, 15)
+        assert m.wait_dead(30) is not None
+        from ckptfs.cli import is_ckptfs_mount
+
+        assert not is_ckptfs_mount(str(d))
+        assert (d / "a.txt").read_text() == "a"
+    finally:
+        m.stop()
+
+
+def test_mfusepy_transport_still_serves(tmp_path: Path) -> None:
+    d = tmp_path / "m"
+    d.mkdir()
+    with Mount(d, extra_args=["--transport", "mfusepy"]) as m:
+        torch.save({"w": torch.arange(3)}, m.path / "model.pt")
+        assert torch.equal(torch.load(m.path / "model.pt")["w"], torch.arange(3))
+        assert "transport_native" not in stats(m)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
