@@ -65,6 +65,7 @@ FSYNC_FDATASYNC = 1 << 0
 NOTIFY_INVAL_INODE = 2
 NOTIFY_INVAL_ENTRY = 3
 NOTIFY_DELETE = 6
+NOTIFY_INC_EPOCH = 8  # 7.44 (Linux 6.16): every dentry from before is revalidated at its next use; takes no lock
 
 # ---------------------------------------------------------------- ioctls on /dev/fuse
 DEV_IOC_CLONE = 0x8004E500  # _IOR(229, 0, uint32_t)

@@ -4,16 +4,25 @@ The core announces every change of what a path shows (:mod:`ckptfs.events`, E3).
 cache entries and attributes for ``--cache-timeout`` seconds (:mod:`ckptfs.fuse.ops`), so each
 event is turned into notifications on the device fd:
 
-* ``FUSE_NOTIFY_INVAL_ENTRY(parent, name)`` for the path (the name may now resolve differently:
-  appear, vanish, or be another file), and for a removed or moved subtree's root;
-* ``FUSE_NOTIFY_INVAL_INODE(node)`` for the path's node, every mapped node below it (a rollback or
-  a restore changes the files in it) and its parent directory (size, mtime).
+* ``FUSE_NOTIFY_INVAL_INODE(node, off=-1)`` for the path's node, every mapped node below it (a
+  rollback or a restore changes the files in it) and its parent directory: attributes only;
+  cached pages are dropped by the kernel when it sees the new size/mtime (``AUTO_INVAL_DATA``)
+  and at the next open that does not keep the cache (``fuse/pagecache.py``);
+* ``FUSE_NOTIFY_INC_EPOCH`` when a name may now resolve differently for a reason the kernel did
+  not see (a group quarantined, removed, restored, rolled back, found corrupt, opened): every
+  dentry from before, negative ones included, is looked up again at its next use.
+
+Neither takes a lock in the kernel.  ``FUSE_NOTIFY_INVAL_ENTRY`` (and page invalidation) would:
+the parent directory's inode lock, which a CREATE in flight holds; a daemon killed while its
+notification thread waited for that lock could never exit (the thread sleeps uninterruptibly),
+its device fd stayed open and the mount hung for good instead of failing with ENOTCONN (found by
+the daemon-kill campaign test).  Where the kernel lacks INC_EPOCH (before Linux 6.16) entries
+are not cached at all (``Ops.entry_cache = False``).
 
 Invariant C1: after an event for path P has been handled here, no cached entry or attribute of P,
 of a node below P or of P's parent from before the event is used by the kernel.  Notifications
-are written on this module's own thread (the kernel takes inode locks that the request which
-caused the event may hold; writing from that request's thread deadlocks).  A removed subtree is
-unmapped from the node table at once (a lookup of the name afterwards gets a fresh answer).
+are written on this module's own thread, never on the thread of the request that caused them.
+A removed subtree is unmapped from the node table at once (a later lookup is a new node).
 """
 
 from __future__ import annotations
@@ -33,13 +42,17 @@ from ckptfs.fuse.ops import Ops
 log = logging.getLogger("ckptfs.fuse.notify")
 
 GONE = (events.QUARANTINED, events.REMOVED)  # the daemon removed the name: its nodes are stale
+# names that may resolve differently for a reason the kernel did not see (request-caused renames,
+# publishes of files that were volatile while written, and seals change no name)
+NAMES_CHANGE = (events.QUARANTINED, events.REMOVED, events.RESTORED, events.ROLLED_BACK, events.CORRUPT,
+                events.OPENED, events.UNPUBLISHED, events.RELEASED)
 
 
 class Notifier:
     def __init__(self, fd: int, ops: Ops) -> None:
         self.fd = fd
         self.ops = ops
-        self.q: queue.SimpleQueue[tuple[int, int, bytes] | None] = queue.SimpleQueue()
+        self.q: queue.SimpleQueue[tuple[int, int] | None] = queue.SimpleQueue()
         self.thread: threading.Thread | None = None
         self._unsub: Callable[[], None] | None = None
         self.sent = 0
@@ -63,44 +76,37 @@ class Notifier:
         nodes = self.ops.nodes
         paths = [ev.path] + ([ev.dst] if ev.kind == events.RENAMED and ev.dst else [])
         for path in paths:
-            self._entry(path)
+            if path:
+                pn = nodes.at(split(path)[0])
+                if pn is not None:
+                    self.q.put((k.NOTIFY_INVAL_INODE, pn.nid))
             for n in nodes.under(path):
-                self.q.put((k.NOTIFY_INVAL_INODE, n.nid, b""))
-        if ev.kind == events.CORRUPT:  # the group holding it is quarantined on the next look at it
-            p = split(ev.path)[0]
-            while p:
-                self._entry(p)
-                p = split(p)[0]
+                self.q.put((k.NOTIFY_INVAL_INODE, n.nid))
+        if ev.kind in NAMES_CHANGE:
+            self.q.put((k.NOTIFY_INC_EPOCH, 0))
         if ev.kind in GONE:
             nodes.unmap(ev.path, subtree=True)  # a later lookup of the name is a new node
         self.ops.pages.forget(*[p for p in paths if p])
-
-    def _entry(self, path: str) -> None:
-        """INVAL_ENTRY of ``path``'s name in its parent and INVAL_INODE of the parent (if the kernel
-        knows the parent: otherwise it has no entry to drop)."""
-        if not path:
-            return
-        d, name = split(path)
-        pn = self.ops.nodes.at(d)
-        if pn is not None:
-            self.q.put((k.NOTIFY_INVAL_ENTRY, pn.nid, name.encode("utf-8", "surrogateescape")))
-            self.q.put((k.NOTIFY_INVAL_INODE, pn.nid, b""))
 
     def _run(self) -> None:
         while True:
             item = self.q.get()
             if item is None:
                 return
-            code, nid, name = item
-            if code == k.NOTIFY_INVAL_ENTRY:
-                payload = k.NOTIFY_INVAL_ENTRY_OUT.pack(nid, len(name), 0) + name + b"\0"
+            code, nid = item
+            if code == k.NOTIFY_INC_EPOCH:
+                payload = b""
             else:
-                payload = k.NOTIFY_INVAL_INODE_OUT.pack(nid, 0, 0)
+                payload = k.NOTIFY_INVAL_INODE_OUT.pack(nid, -1, 0)
             try:
                 os.writev(self.fd, [k.OUT_HEADER.pack(k.OUT_HEADER.size + len(payload), code, 0), payload])
                 self.sent += 1
                 self.ops.fs.stats["kernel_invalidations"] += 1
             except OSError as e:
+                if code == k.NOTIFY_INC_EPOCH and e.errno in (errno.EINVAL, errno.ENOSYS):
+                    log.warning("kernel lacks FUSE_NOTIFY_INC_EPOCH (%s): entries are no longer cached", e)
+                    self.ops.entry_cache = False
+                    continue
                 if e.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ENODEV, errno.EBADF):
                     log.warning("invalidation %d of node %d failed: %s", code, nid, e)
                 if e.errno in (errno.ENODEV, errno.EBADF):

@@ -68,6 +68,7 @@ class Ops:
         self.fs = fs
         self.nodes = Nodes()
         self.timeout = float(timeout)
+        self.entry_cache = True  # False where the kernel cannot drop entries lock-free (fuse/notify.py)
         self.pages = PageCachePolicy(fs.served, fs.handles_at, fs.stats)
         self.fh_node: dict[int, Node] = {}  # open file handle -> its node (open counts, hidden names)
         self.dirs: dict[int, list[tuple[str, dict, int]] | None] = {}  # opendir handle -> listing
@@ -107,8 +108,9 @@ class Ops:
 
     def entry(self, path: str, st: dict[str, Any]) -> bytes:
         n = self.nodes.looked_up(path)
-        t = k.sec_nsec(self.ttl(path, st))
-        return k.ENTRY_OUT.pack(n.nid, 0, t[0], t[0], t[1], t[1], *k.pack_attr(st))
+        a = k.sec_nsec(self.ttl(path, st))
+        e = a if self.entry_cache else (0, 0)
+        return k.ENTRY_OUT.pack(n.nid, 0, e[0], a[0], e[1], a[1], *k.pack_attr(st))
 
     def attr(self, path: str, st: dict[str, Any]) -> bytes:
         t = k.sec_nsec(self.ttl(path, st))
@@ -120,7 +122,7 @@ class Ops:
         try:
             st = self.fs.getattr(path, None, c)
         except OSError as e:
-            if e.errno == errno.ENOENT and self.timeout > 0 and not self.fs.volatile(path):
+            if e.errno == errno.ENOENT and self.timeout > 0 and self.entry_cache and not self.fs.volatile(path):
                 # a negative entry: cached until an event names the path (a publish, a restore)
                 t = k.sec_nsec(self.timeout)
                 return k.ENTRY_OUT.pack(0, 0, t[0], 0, t[1], 0, *k.pack_attr({}))
