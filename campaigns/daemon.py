@@ -15,6 +15,12 @@ that keeps growing from trial to trial (each trial resumes at latest+1):
 * ``random``: SIGKILL of the daemon at a uniformly random time within the
   measured duration of the workload.
 
+In every trial a reader process walks the directory, opens committed files (passthrough on
+the native transport), reads them and keeps the last 8 open, so the daemon is killed while
+passthrough files are open, while hidden names exist (rotation unlinks open files) and while
+invalidations are queued.  It is SIGKILLed after the daemon; one that does not exit within
+30 s means a hung mount (a violation).
+
 After each crash: lazy unmount of the dead mount, clean remount (recovery), and
 ``sequence.check_prefix_state``: the state is a prefix of the completed
 operations and nothing acknowledged is lost; then a clean unmount must leave
@@ -29,6 +35,8 @@ import os
 import random
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -40,6 +48,22 @@ from .common import ROOT, ForkServer, Mount, dump, interruptible, machine, no_fu
 sequence = workload("sequence")
 
 STEPS = 4
+HOLDER = """
+import os, sys, time
+held = []
+while True:
+    for root, dirs, files in os.walk(sys.argv[1]):
+        for f in files:
+            try:
+                fd = os.open(os.path.join(root, f), os.O_RDONLY)
+                os.read(fd, 65536)
+            except OSError:
+                continue
+            held.append(fd)
+            if len(held) > 8:
+                os.close(held.pop(0))
+    time.sleep(0.005)
+"""
 POINTS = tuple(p for p in crashpoints.POINTS if p != "recovery_replayed")
 ENV = {"CKPTFS_COMPACT_EVERY": "5"}  # compaction (and its crash point) every few operations
 
@@ -97,6 +121,8 @@ class Chain:
             env["CKPTFS_CRASH_AT"] = f"{point}:{rng.randint(lo, hi)}"
         self.m.env = env
         self.m.start()
+        reader = subprocess.Popen([sys.executable, "-c", HOLDER, str(self.dir)], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
         pid = self.fs.call("sequence.run", str(self.dir), str(ack), STEPS, self.latest + 1)
         if kind == "random":
             time.sleep(rng.uniform(0.0, window))
@@ -104,6 +130,11 @@ class Chain:
         else:
             crashed = self.m.wait_dead(60) == -signal.SIGKILL
         self.m.kill(detach=False)
+        reader.kill()
+        try:
+            reader.wait(30)
+        except subprocess.TimeoutExpired:
+            return crashed, f"{self.commit}/{kind}@{point} trial {t}: reader hung after the daemon was killed"
         self.fs.reap(pid)  # the writer fails with ENOTCONN and exits; detached earlier, it could
         self.m.detach()    # write to the backing directory underneath, past ckptfs
         if kind == "recovery":

@@ -54,6 +54,7 @@ def journal_ops(backing: Path) -> list[dict]:
     return frames
 
 
+@pytest.mark.portable
 def test_marker_seals_and_view_hides_open_group(mnt: Mount) -> None:
     d = mnt.path / "run"
     save_hf_like(d, 10)
@@ -81,6 +82,7 @@ def test_marker_seals_and_view_hides_open_group(mnt: Mount) -> None:
     assert lin["step"] == 20 and lin["parent"] == "run/checkpoint-10" and lin["pid"] > 0
 
 
+@pytest.mark.portable
 def test_torn_group_hidden_after_daemon_kill(tmp_path: Path) -> None:
     d = tmp_path / "ckpts"
     d.mkdir()
@@ -221,6 +223,7 @@ def test_config_rule_and_bad_config(tmp_path: Path) -> None:
     assert not os.path.ismount(d)
 
 
+@pytest.mark.portable
 def test_retention_keeps_newest_and_milestones(tmp_path: Path) -> None:
     d = tmp_path / "ckpts"
     d.mkdir()
@@ -586,6 +589,7 @@ def assert_rolled_back(g: Path, step: int = 1) -> None:
     assert "verified 1 groups, 3 files: OK" in cli("verify", str(g)).stdout
 
 
+@pytest.mark.portable
 def test_torn_resave_rolls_back_to_the_seal_live(mnt: Mount) -> None:
     """G11: the re-save's writer exits (or is killed) without the completion event: the group goes back
     to its sealed files (kept generations), the re-save's files are kept aside, nothing is lost."""

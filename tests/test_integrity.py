@@ -55,6 +55,7 @@ def flip(p: Path, off: int) -> None:
         f.write(bytes([b[0] ^ 0x10]))
 
 
+@pytest.mark.portable
 def test_each_fault_class_offline_then_mount(tmp_path: Path) -> None:
     """Faults injected while unmounted: EIO, corrupt status with detail, event log,
     clean files untouched; `ckptfs verify` agrees offline and mounted."""
@@ -188,6 +189,7 @@ def _gen_file(d: Path, ino: int) -> Path:
     raise AssertionError("generation file not found")
 
 
+@pytest.mark.portable
 def test_rollback_policy_and_kept_generations(tmp_path: Path) -> None:
     d = tmp_path / "ck"
     d.mkdir()

@@ -24,6 +24,7 @@ def stats(m: Mount) -> dict:
     return json.loads(os.getxattr(str(m.path), "user.ckptfs.stats"))
 
 
+@pytest.mark.portable
 @pytest.mark.parametrize("sig", list(TRIALS), ids=lambda s: signal.Signals(s).name)
 def test_killed_writer_leaves_old_or_new(mnt: Mount, sig: int) -> None:
     rng = random.Random(1000 + sig)
@@ -61,6 +62,7 @@ def test_killed_writer_leaves_old_or_new(mnt: Mount, sig: int) -> None:
         fs.close()
 
 
+@pytest.mark.portable
 def test_keyboard_interrupt_partial_torch_zip_refused(mnt: Mount) -> None:
     """Ctrl-C inside torch.save closes normally after a partial write: refused, old kept."""
     path = mnt.path / "m.pt"

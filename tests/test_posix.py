@@ -30,6 +30,7 @@ def xattr(p, name: str) -> str:
     return os.getxattr(str(p), name).decode()
 
 
+@pytest.mark.portable
 def test_torch_roundtrip_and_mmap(mnt: Mount) -> None:
     p = mnt.path / "model.pt"
     sd = _sd(1)
@@ -41,6 +42,7 @@ def test_torch_roundtrip_and_mmap(mnt: Mount) -> None:
     assert xattr(p, "user.ckptfs.generation") == "1"
 
 
+@pytest.mark.portable
 def test_overwrite_keeps_generation_and_digest(mnt: Mount) -> None:
     import blake3
 
@@ -65,6 +67,7 @@ def test_numpy_and_cp_large_file(mnt: Mount, tmp_path) -> None:
     assert filecmp.cmp(big, mnt.path / "big2.bin", shallow=False)
 
 
+@pytest.mark.portable
 def test_tmp_then_rename_over(mnt: Mount) -> None:
     final = mnt.path / "ckpt.pt"
     torch.save(_sd(1), final)
@@ -79,6 +82,7 @@ def test_tmp_then_rename_over(mnt: Mount) -> None:
     assert xattr(final, "user.ckptfs.status") == "committed"
 
 
+@pytest.mark.portable
 def test_directory_rename_unlink_rmdir(mnt: Mount) -> None:
     d = mnt.path / "step_1.tmp"
     d.mkdir()
@@ -101,6 +105,7 @@ def test_directory_rename_unlink_rmdir(mnt: Mount) -> None:
     assert os.listdir(mnt.path) == []
 
 
+@pytest.mark.portable
 def test_truncate_append_symlink_chmod_utime_statfs(mnt: Mount) -> None:
     p = mnt.path / "log.txt"
     p.write_text("hello world\n")
@@ -125,6 +130,7 @@ def test_truncate_append_symlink_chmod_utime_statfs(mnt: Mount) -> None:
     assert st.f_blocks > 0 and st.f_bsize > 0
 
 
+@pytest.mark.portable
 def test_read_your_writes_while_open(mnt: Mount) -> None:
     p = mnt.path / "open.bin"
     with open(p, "wb") as f:
@@ -138,6 +144,7 @@ def test_read_your_writes_while_open(mnt: Mount) -> None:
     assert xattr(p, "user.ckptfs.status") == "committed"
 
 
+@pytest.mark.portable
 def test_user_xattrs_pass_through_and_status_is_read_only(mnt: Mount) -> None:
     p = mnt.path / "f.json"
     p.write_text("{}")

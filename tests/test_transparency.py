@@ -130,6 +130,7 @@ def _check_survives(mnt: Mount, with_file: bool) -> None:
     assert not _vanished(a, with_file), f"after remount: {_vanished(a, with_file)}"
 
 
+@pytest.mark.portable
 def test_dirs_survive_shell_mkdir_and_write(mnt: Mount) -> None:
     """`mkdir -p a/NAME && echo x > a/NAME/f`: mkdir makes the directory, the shell fills it."""
     for n in GROUP_LIKE_NAMES:
@@ -419,6 +420,7 @@ def _replace_under_reader(d: Path, old: bytes, new_src: Path) -> dict:
     return json.loads(out)
 
 
+@pytest.mark.portable
 def test_reader_keeps_old_bytes_across_replace(mnt: Mount, tmp_path: Path) -> None:
     native = tmp_path / "native"
     native.mkdir()
@@ -447,6 +449,7 @@ def _open_unlink_fstat_pread(d: Path, data: bytes) -> dict:
             "listed": "scratch.bin" in os.listdir(d)}
 
 
+@pytest.mark.portable
 def test_open_unlink_fstat_pread_close(mnt: Mount, tmp_path: Path) -> None:
     native = tmp_path / "native"
     native.mkdir()
@@ -584,6 +587,7 @@ def _hard_links(d: Path) -> dict:
             "same_ino": os.stat(d / "a").st_ino == os.stat(d / "b").st_ino}
 
 
+@pytest.mark.portable
 def test_hard_links(mnt: Mount, tmp_path: Path) -> None:
     native = tmp_path / "native"
     native.mkdir()

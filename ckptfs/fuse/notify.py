@@ -36,7 +36,7 @@ from collections.abc import Callable
 
 from ckptfs import events
 from ckptfs.fuse import kernel as k
-from ckptfs.fuse.nodes import split
+from ckptfs.fuse.nodes import Node, split
 from ckptfs.fuse.ops import Ops
 
 log = logging.getLogger("ckptfs.fuse.notify")
@@ -59,6 +59,7 @@ class Notifier:
 
     def start(self, hub: events.Events) -> None:
         self._unsub = hub.subscribe(self.on_event)
+        self.ops.invalidate = self.inode
         self.thread = threading.Thread(target=self._run, name="ckptfs-notify", daemon=True)
         self.thread.start()
 
@@ -68,6 +69,10 @@ class Notifier:
         if self.thread is not None:
             self.q.put(None)
             self.thread.join(5)
+
+    def inode(self, n: Node) -> None:
+        """Queue an attribute invalidation of node ``n`` (a writer opened it: fuse/ops.py)."""
+        self.q.put((k.NOTIFY_INVAL_INODE, n.nid))
 
     # ------------------------------------------------------------ events -> notifications
     def on_event(self, ev: events.Event) -> None:

@@ -77,6 +77,7 @@ class Ops:
         self._hidectr = 0
         self.lock = threading.Lock()
         self.passthrough: Any = None  # fuse/passthrough.Passthrough once negotiated at INIT
+        self.invalidate: Callable[[Node], None] = lambda n: None  # fuse/notify.Notifier.inode
         self.table: dict[int, Callable[[Node | None, int, Caller, memoryview], Any]] = {
             k.LOOKUP: self.lookup, k.GETATTR: self.getattr, k.SETATTR: self.setattr,
             k.READLINK: self.readlink, k.SYMLINK: self.symlink, k.MKNOD: self.mknod, k.MKDIR: self.mkdir,
@@ -270,6 +271,10 @@ class Ops:
         with self.lock:
             n.opens += 1
             self.fh_node[fh] = n
+        if flags & os.O_ACCMODE != os.O_RDONLY:
+            # a new version is open: attributes other processes had cached with a long timeout
+            # must be asked again (they get the committed ones while it is open: V1, ttl 0)
+            self.invalidate(n)
         if not oflags & (k.FOPEN_DIRECT_IO | k.FOPEN_PASSTHROUGH) and self.pages.decide(fh):
             oflags |= k.FOPEN_KEEP_CACHE
         if flags & os.O_ACCMODE == os.O_RDONLY:
