@@ -58,42 +58,29 @@ class Passthrough:
 
     def choose(self, fh: int, node: Node, direct: bool) -> tuple[int, int]:
         """(open flags, backing id) for handle ``fh`` just opened on ``node``; raises ESTALE (P2)."""
-        if direct:
-            if node.pt_opens > 0:
-                raise self._stale(node)
-            self._record(fh, node, DIRECT)
-            return k.FOPEN_DIRECT_IO, 0
         fd = self.fs.passthrough_fd(fh)
         with self.lock:
-            if fd is None:
-                if node.pt_opens > 0:
+            if fd is None and node.pt_opens > 0:
+                raise self._stale(node)
+            if fd is not None and node.cached_opens == 0:
+                st = os.fstat(fd)
+                key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+                if node.pt_opens > 0 and node.pt_key != key:
                     raise self._stale(node)
-                node.cached_opens += 1
-                self.mode[fh] = (node, CACHED)
-                return 0, 0
-            st = os.fstat(fd)
-            key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-            if node.cached_opens > 0:
-                node.cached_opens += 1
-                self.mode[fh] = (node, CACHED)
-                return 0, 0
-            if node.pt_opens > 0:
-                if node.pt_key != key:
-                    raise self._stale(node)
-            else:
-                bid = self._register(fd)
-                if bid is None:
-                    node.cached_opens += 1
-                    self.mode[fh] = (node, CACHED)
-                    return 0, 0
-                node.pt_backing, node.pt_key = bid, key
-            node.pt_opens += 1
-            self.mode[fh] = (node, PASSTHROUGH)
-            return k.FOPEN_PASSTHROUGH, node.pt_backing
-
-    def _record(self, fh: int, node: Node, mode: str) -> None:
-        with self.lock:
-            self.mode[fh] = (node, mode)
+                if node.pt_opens == 0:
+                    bid = self._register(fd)
+                    if bid is not None:
+                        node.pt_backing, node.pt_key = bid, key
+                if node.pt_opens > 0 or node.pt_key == key:
+                    node.pt_opens += 1
+                    self.mode[fh] = (node, PASSTHROUGH)
+                    return k.FOPEN_PASSTHROUGH, node.pt_backing
+            if direct:  # bypasses the page cache: takes no io mode in the kernel
+                self.mode[fh] = (node, DIRECT)
+                return k.FOPEN_DIRECT_IO, 0
+            node.cached_opens += 1
+            self.mode[fh] = (node, CACHED)
+            return 0, 0
 
     def _stale(self, node: Node) -> OSError:
         self.ops.nodes.detach(node)
