@@ -3,7 +3,8 @@ and PNG plots (matplotlib).
 
 Sections appear for the workloads the run measured (``--only``).  The issue-6
 targets are computed from the kernel-transport modes (``ckptfs-sync``,
-``ckptfs-async``).
+``ckptfs-async``); the transport comparison sets ``ckptfs-sync`` (kernel)
+beside ``ckptfs-sync-mfusepy`` (libfuse) on every workload.
 
 Invariant: every number written here is computed from the raw results dict
 of one run (also saved as JSON next to the Markdown); nothing is typed in.
@@ -20,6 +21,7 @@ from .common import CKPTFS, KERNEL, MODES, MOUNTS, median, pct
 
 REF = "atomic_dirsync"
 W5_REF = "unsafe"  # the native directory W5 runs in
+KERN, LIBF = "ckptfs-sync", "ckptfs-sync-mfusepy"  # the transport comparison: same commit mode
 TOOL_NAMES = {"tar_xf": "tar xf", "ls_lR": "ls -lR", "du_s": "du -s", "git_add": "git add -A", "rm_rf": "rm -rf"}
 W4_KINDS = ("cold_s", "first_s", "warm_s")
 
@@ -75,6 +77,35 @@ def targets(s: dict[str, Any], res: dict[str, Any]) -> list[tuple[str, float, fl
     if peaks:
         out.append(("W6 daemon peak RSS MiB (kernel transport, any size in this run)", max(peaks), 200.0))
     return [(name, val, lim, val <= lim) for name, val, lim in out]
+
+
+def transport_rows(s: dict[str, Any], res: dict[str, Any]) -> list[tuple[str, float | None, float, float]]:
+    """(metric, native value or None, kernel value, mfusepy value) for every metric both
+    ``ckptfs-sync`` (kernel) and ``ckptfs-sync-mfusepy`` measured."""
+    rows: list[tuple[str, float | None, float, float]] = []
+
+    def add(label: str, native: dict | None, kern: dict, libf: dict, key: str) -> None:
+        if key in kern and key in libf:
+            rows.append((label, native.get(key) if native is not None else None, kern[key], libf[key]))
+
+    for key, label in (("w1_p50_ms", "W1 p50 ms"), ("w1_p99_ms", "W1 p99 ms"),
+                       ("w2_durable_s", "W2 durable s"),
+                       *((f"w3_{n}_s", f"W3 {n} shards s") for n in res["w3_shards"]),
+                       *((f"w4_{k}", f"W4 load {k[:-2]} s") for k in W4_KINDS),
+                       ("w7_p50_ms", "W7 p50 ms"), ("w7_p99_ms", "W7 p99 ms"),
+                       *((f"tools_{t}_s", f"W8 {n} s") for t, n in TOOL_NAMES.items())):
+        add(label, s[REF], s[KERN], s[LIBF], key)
+    w5 = res.get("w5", {})
+    if KERN in w5 and LIBF in w5:
+        for key, label in (("stat_ops", "W5 stat/s"), ("openclose_ops", "W5 open+close/s"),
+                           ("readdir_ops", "W5 readdir(1000)/s"), ("getxattr_ops", "W5 getxattr/s")):
+            add(label, w5.get(W5_REF), w5[KERN], w5[LIBF], key)
+    w6 = res.get("w6", {})
+    if KERN in w6 and LIBF in w6:
+        for key, label in (("stream_s", "W6 stream s"), ("stream_cpu_s_per_gib", "W6 CPU s/GiB stream"),
+                           ("peak_rss_mib", "W6 peak RSS MiB")):
+            add(label, None, w6[KERN], w6[LIBF], key)
+    return rows
 
 
 def _cdf(res: dict[str, Any], key: str, modes: list[str], title: str, path: Path) -> None:
@@ -177,6 +208,17 @@ def write_markdown(res: dict[str, Any], out: Path, command: str) -> None:
               "| target | measured | limit | status |", "|---|---|---|---|"]
         for name, val, limit, met in tg:
             L.append(f"| {name} | {val:.2f} | {limit:.2f} | {'met' if met else 'MISSED'} |")
+        L.append("")
+    rows = transport_rows(s, res)
+    if rows:
+        L += ["## Transport comparison: kernel vs mfusepy (sync commit, same workloads)", "",
+              f"kernel = `{KERN}`, mfusepy = `{LIBF}`; native = atomic_dirsync (W5: the native directory).  "
+              "Seconds and ms: lower is better; /s: higher is better.", "",
+              "| metric | native | kernel | mfusepy | kernel / native | mfusepy / native | mfusepy / kernel |",
+              "|---|---|---|---|---|---|---|"]
+        for label, nat, kern, libf in rows:
+            L.append(f"| {label} | {_v(nat)} | {_v(kern)} | {_v(libf)} | {_r(kern, nat)} | {_r(libf, nat)} | "
+                     f"{_r(libf, kern)} |")
         L.append("")
     if "w1_p50_ms" in ref:
         L += ["## W1: paper's group, per-group latency", "",

@@ -37,11 +37,12 @@ def test_bench_smoke(tmp_path) -> None:
     assert r.returncode == 0, r.stderr
     text = out.read_text()
     assert _rows(text, "## W1") == MODES
-    for section in ("## Raw disk limit", "## Targets", "## W2", "## W3", "## W4",
+    for section in ("## Raw disk limit", "## Targets", "## Transport comparison", "## W2", "## W3", "## W4",
                     "## W5", "## W6", "## W7", "## W8"):
         assert section in text
     assert _rows(text, "## W7") == ["native", *CKPTFS]
     assert _rows(text, "## W8") == ["native", *CKPTFS]
+    assert "W7 p99 ms" in text and "W8 git add -A s" in text and "W5 getxattr/s" in text
     res = json.loads((tmp_path / "perf.json").read_text())
     for m in MODES:
         assert len(res["modes"][m]["w1"]) == 10 and len(res["modes"][m]["w2"]) == 1
