@@ -189,7 +189,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.smoke:
         a.groups, a.size_mib, a.shards, a.reps, a.w5_rounds, a.w6_mib = 10, 8, [4, 16], 1, 1, 16
-        a.tool_dirs, a.tool_files = 2, 100
+        a.tool_dirs, a.tool_files = 2, 50
     base = Path(tempfile.mkdtemp(prefix="ckptfs-bench-", dir=a.dir))
     try:
         res = run(a, base)

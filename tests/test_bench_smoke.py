@@ -50,7 +50,7 @@ def test_bench_smoke(tmp_path) -> None:
     for m in ("atomic_dirsync", *CKPTFS):
         assert len(res["modes"][m]["w7"]) == 10
         assert len(res["modes"][m]["tools"]) == 1 and set(res["modes"][m]["tools"][0]) == TOOLS
-    assert res["tools_files"] == 200
+    assert res["tools_files"] == 100
     assert set(res["w5"]) == {"unsafe", *CKPTFS}
     assert "getxattr_ops" not in res["w5"]["unsafe"] and all("getxattr_ops" in res["w5"][m] for m in CKPTFS)
     assert set(res["w6"]) == set(CKPTFS)
@@ -62,12 +62,14 @@ def test_bench_smoke(tmp_path) -> None:
 
 def test_bench_only(tmp_path) -> None:
     out = tmp_path / "sub.md"
-    r = _bench(tmp_path, "--only", "W5", "--out", str(out))
+    r = _bench(tmp_path, "--only", "w7", "--out", str(out))
     assert r.returncode == 0, r.stderr
     text = out.read_text()
-    assert "## W5" in text and "## W1" not in text and "## W7" not in text and "## Raw disk" not in text
+    assert _rows(text, "## W7") == ["native", *CKPTFS]
+    assert "## W1" not in text and "## W5" not in text and "## W8" not in text and "## Raw disk" not in text
     res = json.loads((tmp_path / "sub.json").read_text())
-    assert res["only"] == ["W5"] and not res["w6"] and not res["modes"]["ckptfs-sync"]["w1"]
+    assert res["only"] == ["W7"] and not res["w5"] and not res["w6"] and not res["modes"]["ckptfs-sync"]["w1"]
+    assert len(res["modes"]["ckptfs-sync-mfusepy"]["w7"]) == 10 and not res["modes"]["unsafe"]["w7"]
     _clean(tmp_path)
     bad = _bench(tmp_path, "--only", "W9", "--out", str(out))
     assert bad.returncode == 2 and "unknown workload" in bad.stderr
