@@ -19,8 +19,13 @@ if str(ROOT) not in sys.path:
 from ckptfs_testing.mount import Mount  # noqa: E402
 
 NATIVE = ["unsafe", "atomic_nodirsync", "atomic_dirsync"]
-CKPTFS = ["ckptfs-sync", "ckptfs-async"]
+KERNEL = ["ckptfs-sync", "ckptfs-async"]  # our own /dev/fuse transport (kernel caching, passthrough)
+MFUSEPY = ["ckptfs-sync-mfusepy"]  # the libfuse high-level path, for the transport comparison
+CKPTFS = KERNEL + MFUSEPY
 MODES = NATIVE + CKPTFS
+# mode -> (commit mode, transport) of its daemon
+MOUNTS = {"ckptfs-sync": ("sync", "kernel"), "ckptfs-async": ("async", "kernel"),
+          "ckptfs-sync-mfusepy": ("sync", "mfusepy")}
 
 
 def fsync_path(p: Path, directory: bool = False) -> None:
@@ -76,6 +81,11 @@ def median(xs: list[float]) -> float:
     return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
 
-def daemon(d: Path, commit: str) -> Mount:
-    """Start a foreground ``ckptfs mount -f D`` (in place); the caller stops it (``.stop()``)."""
-    return Mount(d, commit=commit, stop_timeout=300).start(timeout=30)
+def daemon(d: Path, commit: str, transport: str = "kernel", cache_timeout: float | None = None) -> Mount:
+    """Start a foreground ``ckptfs mount -f D --commit C --transport T`` (in place); the caller
+    stops it (``.stop()``).  ``cache_timeout``: the kernel transport's cache timeout (default: the
+    daemon's own)."""
+    args = ["--transport", transport]
+    if cache_timeout is not None and transport == "kernel":
+        args += ["--cache-timeout", str(cache_timeout)]
+    return Mount(d, commit=commit, extra_args=args, stop_timeout=300).start(timeout=30)

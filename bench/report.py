@@ -1,6 +1,11 @@
 """Turn the raw benchmark results into ``performance.md`` (tables, targets)
 and PNG plots (matplotlib).
 
+Sections appear for the workloads the run measured (``--only``).  The issue-6
+targets are computed from the kernel-transport modes (``ckptfs-sync``,
+``ckptfs-async``); the transport comparison sets ``ckptfs-sync`` (kernel)
+beside ``ckptfs-sync-mfusepy`` (libfuse) on every workload.
+
 Invariant: every number written here is computed from the raw results dict
 of one run (also saved as JSON next to the Markdown); nothing is typed in.
 """
@@ -12,103 +17,174 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from .common import CKPTFS, MODES, median, pct
+from .common import CKPTFS, KERNEL, MODES, MOUNTS, median, pct
 
 REF = "atomic_dirsync"
+W5_REF = "unsafe"  # the native directory W5 runs in
+KERN, LIBF = "ckptfs-sync", "ckptfs-sync-mfusepy"  # the transport comparison: same commit mode
+TOOL_NAMES = {"tar_xf": "tar xf", "ls_lR": "ls -lR", "du_s": "du -s", "git_add": "git add -A", "rm_rf": "rm -rf"}
+W4_KINDS = ("cold_s", "first_s", "warm_s")
 
 
 def summarize(res: dict[str, Any]) -> dict[str, Any]:
-    """Medians / percentiles per mode from the raw per-repetition lists."""
+    """Medians / percentiles per mode from the raw per-repetition lists (what was measured)."""
     s: dict[str, Any] = {}
     for m in MODES:
         r = res["modes"][m]
-        lat = r["w1"]
-        d: dict[str, float] = {
-            "w1_p50_ms": 1e3 * pct(lat, 0.5), "w1_p90_ms": 1e3 * pct(lat, 0.9), "w1_p99_ms": 1e3 * pct(lat, 0.99),
-            "w2_durable_s": median([x["durable_s"] for x in r["w2"]]),
-            "w2_stall_s": median([x["stall_s"] for x in r["w2"]]),
-        }
+        d: dict[str, float] = {}
+        for key in ("w1", "w7"):
+            lat = r.get(key, [])
+            if lat:
+                for q in (50, 90, 99):
+                    d[f"{key}_p{q}_ms"] = 1e3 * pct(lat, q / 100)
+        if r["w2"]:
+            d["w2_durable_s"] = median([x["durable_s"] for x in r["w2"]])
+            d["w2_stall_s"] = median([x["stall_s"] for x in r["w2"]])
         for n, xs in r["w3"].items():
-            d[f"w3_{n}_s"] = median(xs)
-        for k in ("cold_s", "first_s", "warm_s"):
+            if xs:
+                d[f"w3_{n}_s"] = median(xs)
+        for k in W4_KINDS:
             xs = [x[k] for x in r.get("w4", []) if k in x]
             if xs:
                 d[f"w4_{k}"] = median(xs)
+        for t in TOOL_NAMES:
+            xs = [x[t] for x in r.get("tools", []) if t in x]
+            if xs:
+                d[f"tools_{t}_s"] = median(xs)
         s[m] = d
     return s
 
 
 def targets(s: dict[str, Any], res: dict[str, Any]) -> list[tuple[str, float, float, bool]]:
-    """(target, measured ratio or value, limit, met) for each issue-6 target."""
-    ref, uns = s[REF], s["unsafe"]
-    out = [
-        ("W2 sync durable / native atomic_dirsync", s["ckptfs-sync"]["w2_durable_s"] / ref["w2_durable_s"], 1.10),
-        ("W2 async stall / native unsafe", s["ckptfs-async"]["w2_stall_s"] / uns["w2_durable_s"], 1.25),
-        ("W1 sync p50 / native atomic_dirsync p50", s["ckptfs-sync"]["w1_p50_ms"] / ref["w1_p50_ms"], 1.0),
-        ("W1 sync p99 / native atomic_dirsync p99", s["ckptfs-sync"]["w1_p99_ms"] / ref["w1_p99_ms"], 1.5),
-    ]
+    """(target, measured ratio or value, limit, met) for each issue-6 target the run measured
+    (kernel-transport modes against the native ones)."""
+    ref, uns, syn, asy = s[REF], s["unsafe"], s["ckptfs-sync"], s["ckptfs-async"]
+    out = []
+
+    def ratio(name: str, a: dict, ka: str, b: dict, kb: str, limit: float) -> None:
+        if ka in a and kb in b:
+            out.append((name, a[ka] / b[kb], limit))
+
+    ratio("W2 sync durable / native atomic_dirsync", syn, "w2_durable_s", ref, "w2_durable_s", 1.10)
+    ratio("W2 async stall / native unsafe", asy, "w2_stall_s", uns, "w2_durable_s", 1.25)
+    ratio("W1 sync p50 / native atomic_dirsync p50", syn, "w1_p50_ms", ref, "w1_p50_ms", 1.0)
+    ratio("W1 sync p99 / native atomic_dirsync p99", syn, "w1_p99_ms", ref, "w1_p99_ms", 1.5)
     for n in res["w3_shards"]:
-        out.append((f"W3 {n} shards sync / native atomic_dirsync",
-                    s["ckptfs-sync"][f"w3_{n}_s"] / ref[f"w3_{n}_s"], 1.0))
-    for k in ("cold_s", "first_s", "warm_s"):
-        if f"w4_{k}" in ref:
-            out.append((f"W4 torch.load {k[:-2]} ckptfs-sync / native", s["ckptfs-sync"][f"w4_{k}"] / ref[f"w4_{k}"],
-                        1.3))
-    peak = max(res["w6"][m]["peak_rss_mib"] for m in CKPTFS)
-    out.append(("W6 daemon peak RSS MiB (any size in this run)", peak, 200.0))
+        ratio(f"W3 {n} shards sync / native atomic_dirsync", syn, f"w3_{n}_s", ref, f"w3_{n}_s", 1.0)
+    for k in W4_KINDS:
+        ratio(f"W4 torch.load {k[:-2]} ckptfs-sync / native", syn, f"w4_{k}", ref, f"w4_{k}", 1.3)
+    peaks = [res["w6"][m]["peak_rss_mib"] for m in KERNEL if m in res.get("w6", {})]
+    if peaks:
+        out.append(("W6 daemon peak RSS MiB (kernel transport, any size in this run)", max(peaks), 200.0))
     return [(name, val, lim, val <= lim) for name, val, lim in out]
 
 
+def transport_rows(s: dict[str, Any], res: dict[str, Any]) -> list[tuple[str, float | None, float, float]]:
+    """(metric, native value or None, kernel value, mfusepy value) for every metric both
+    ``ckptfs-sync`` (kernel) and ``ckptfs-sync-mfusepy`` measured."""
+    rows: list[tuple[str, float | None, float, float]] = []
+
+    def add(label: str, native: dict | None, kern: dict, libf: dict, key: str) -> None:
+        if key in kern and key in libf:
+            rows.append((label, native.get(key) if native is not None else None, kern[key], libf[key]))
+
+    for key, label in (("w1_p50_ms", "W1 p50 ms"), ("w1_p99_ms", "W1 p99 ms"),
+                       ("w2_durable_s", "W2 durable s"),
+                       *((f"w3_{n}_s", f"W3 {n} shards s") for n in res["w3_shards"]),
+                       *((f"w4_{k}", f"W4 load {k[:-2]} s") for k in W4_KINDS),
+                       ("w7_p50_ms", "W7 p50 ms"), ("w7_p99_ms", "W7 p99 ms"),
+                       *((f"tools_{t}_s", f"W8 {n} s") for t, n in TOOL_NAMES.items())):
+        add(label, s[REF], s[KERN], s[LIBF], key)
+    w5 = res.get("w5", {})
+    if KERN in w5 and LIBF in w5:
+        for key, label in (("stat_ops", "W5 stat/s"), ("openclose_ops", "W5 open+close/s"),
+                           ("readdir_ops", "W5 readdir(1000)/s"), ("getxattr_ops", "W5 getxattr/s")):
+            add(label, w5.get(W5_REF), w5[KERN], w5[LIBF], key)
+    w6 = res.get("w6", {})
+    if KERN in w6 and LIBF in w6:
+        for key, label in (("stream_s", "W6 stream s"), ("stream_cpu_s_per_gib", "W6 CPU s/GiB stream"),
+                           ("peak_rss_mib", "W6 peak RSS MiB")):
+            add(label, None, w6[KERN], w6[LIBF], key)
+    return rows
+
+
+def _cdf(res: dict[str, Any], key: str, modes: list[str], title: str, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for m in modes:
+        xs = sorted(1e3 * x for x in res["modes"][m][key])
+        ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label="native" if key == "w7" and m == REF else m)
+    ax.set_xscale("log")
+    ax.set_xlabel("per-group latency (ms, log)")
+    ax.set_ylabel("fraction of groups")
+    ax.set_title(title)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _plots(res: dict[str, Any], s: dict[str, Any], outdir: Path, stem: str) -> list[str]:
+    w1 = all(res["modes"][m]["w1"] for m in MODES)
+    w7_modes = [m for m in (REF, *CKPTFS) if res["modes"][m].get("w7")]
+    cols = [("w2_durable_s", "W2 durable"), ("w2_stall_s", "W2 stall")]
+    cols += [(f"w3_{n}_s", f"W3 {n} shards") for n in res["w3_shards"]]
+    cols += [(f"w4_{k}", f"W4 load {k[:-2]}") for k in W4_KINDS]
+    cols = [(c, lbl) for c, lbl in cols if c in s[REF]]
+    if not (w1 or w7_modes or cols):
+        return []
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     names = []
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for m in MODES:
-        xs = sorted(1e3 * x for x in res["modes"][m]["w1"])
-        ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=m)
-    ax.set_xscale("log")
-    ax.set_xlabel("per-group latency (ms, log)")
-    ax.set_ylabel("fraction of groups")
-    ax.set_title("W1: paper's group (128 KiB + 64 KiB + rng json)")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    names.append(f"{stem}-w1-cdf.png")
-    fig.savefig(outdir / names[-1], dpi=110)
-    plt.close(fig)
-
-    cols = [("w2_durable_s", "W2 durable"), ("w2_stall_s", "W2 stall")]
-    cols += [(f"w3_{n}_s", f"W3 {n} shards") for n in res["w3_shards"]]
-    cols += [(f"w4_{k}", f"W4 load {k[:-2]}") for k in ("cold_s", "first_s", "warm_s") if f"w4_{k}" in s[REF]]
-    fig, ax = plt.subplots(figsize=(9, 4))
-    width = 0.8 / len(MODES)
-    for i, m in enumerate(MODES):
-        vals = [s[m].get(c, 0.0) for c, _ in cols]
-        ax.bar([j + i * width for j in range(len(cols))], vals, width, label=m)
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cols))])
-    ax.set_xticklabels([lbl for _, lbl in cols], rotation=20)
-    ax.set_ylabel("seconds (median)")
-    ax.set_title(f"W2-W4: {res['size_mib']} MiB checkpoints")
-    ax.legend(fontsize=8)
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    names.append(f"{stem}-bulk.png")
-    fig.savefig(outdir / names[-1], dpi=110)
-    plt.close(fig)
+    if w1:
+        names.append(f"{stem}-w1-cdf.png")
+        _cdf(res, "w1", MODES, "W1: paper's group (128 KiB + 64 KiB + rng json)", outdir / names[-1])
+    if w7_modes:
+        names.append(f"{stem}-w7-cdf.png")
+        _cdf(res, "w7", w7_modes, "W7: W1 by an atomic writer (tmp, fsync, rename, fsync dir)", outdir / names[-1])
+    if cols:
+        fig, ax = plt.subplots(figsize=(9, 4))
+        width = 0.8 / len(MODES)
+        for i, m in enumerate(MODES):
+            vals = [s[m].get(c, 0.0) for c, _ in cols]
+            ax.bar([j + i * width for j in range(len(cols))], vals, width, label=m)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cols))])
+        ax.set_xticklabels([lbl for _, lbl in cols], rotation=20)
+        ax.set_ylabel("seconds (median)")
+        ax.set_title(f"W2-W4: {res['size_mib']} MiB checkpoints")
+        ax.legend(fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
+        fig.tight_layout()
+        names.append(f"{stem}-bulk.png")
+        fig.savefig(outdir / names[-1], dpi=110)
+        plt.close(fig)
     return names
+
+
+def _r(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}" if a is not None and b else "-"
+
+
+def _v(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.0f}" if abs(x) >= 1000 else f"{x:.3g}" if abs(x) < 1 else f"{x:.2f}"
 
 
 def write_markdown(res: dict[str, Any], out: Path, command: str) -> None:
     s = summarize(res)
     ref, uns = s[REF], s["unsafe"]
-    raw = res["raw_disk"]
+    raw = res.get("raw_disk", {})
     gb = res["size_mib"] * (1 << 20) / 1e9
     lim = raw.get("dd_fdatasync_MBps")
     plots = _plots(res, s, out.parent, out.stem)
+    ct = res.get("cache_timeout")
+    mounts = "; ".join(f"{m}: `--commit {c} --transport {t}`" for m, (c, t) in MOUNTS.items())
     L = [
         "# Performance results", "",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores ({res['cpu']}), {res['mem_gib']} GiB RAM, "
@@ -116,64 +192,123 @@ def write_markdown(res: dict[str, Any], out: Path, command: str) -> None:
         f"{platform.python_version()}, torch {res['torch']}.  Other engineers share the 2 cores (noisy); "
         "all modes ran interleaved in one invocation, so read ratios.", "",
         f"Command: `{command}`  ", f"Date: {res['date']}; {res['reps']} repetitions per workload "
-        f"(W1: {res['groups']} groups each, percentiles over all groups; others: medians).  "
+        f"(W1/W7: {res['groups']} groups each, percentiles over all groups; others: medians).  "
+        f"Workloads: {', '.join(res.get('only', []))}.  "
         f"Raw numbers: `{out.stem}.json`.  Analysis: `performance-analysis.md`.", "",
-        "## Raw disk limit (dd, 1 MiB blocks)", "",
-        "| test | MB/s |", "|---|---|",
-        *[f"| {k} | {v:.0f} |" for k, v in raw.items()], "",
-        "## Targets (issue 6)", "",
-        "| target | measured | limit | status |", "|---|---|---|---|",
+        f"ckptfs mounts (in place, one daemon each): {mounts}; kernel transport cache timeout "
+        f"{'the default' if ct is None else f'{ct:g} s'}.", "",
     ]
-    for name, val, limit, met in targets(s, res):
-        L.append(f"| {name} | {val:.2f} | {limit:.2f} | {'met' if met else 'MISSED'} |")
-    L += ["", "## W1: paper's group, per-group latency", "",
-          "| mode | p50 ms | p90 ms | p99 ms | p50 / atomic_dirsync | p99 / atomic_dirsync |",
-          "|---|---|---|---|---|---|"]
-    for m in MODES:
-        r = s[m]
-        L.append(f"| {m} | {r['w1_p50_ms']:.2f} | {r['w1_p90_ms']:.2f} | {r['w1_p99_ms']:.2f} | "
-                 f"{r['w1_p50_ms'] / ref['w1_p50_ms']:.2f} | {r['w1_p99_ms'] / ref['w1_p99_ms']:.2f} |")
-    L += ["", f"## W2: one torch.save of {res['size_mib']} MiB, made durable", "",
-          "| mode | durable s | stall s | durable / atomic_dirsync | stall / unsafe | GB/s durable | of dd limit |",
-          "|---|---|---|---|---|---|---|"]
-    for m in MODES:
-        r = s[m]
-        bw = gb / r["w2_durable_s"]
-        L.append(f"| {m} | {r['w2_durable_s']:.3f} | {r['w2_stall_s']:.3f} | "
-                 f"{r['w2_durable_s'] / ref['w2_durable_s']:.2f} | {r['w2_stall_s'] / uns['w2_durable_s']:.2f} | "
-                 f"{bw:.2f} | {(1e3 * bw / lim) if lim else float('nan'):.0%} |")
-    L += ["", f"## W3: DCP-style save of {res['size_mib']} MiB as N shard files + `.metadata` last "
-          "(seconds until durable)", "",
-          "| mode | " + " | ".join(f"{n} shards s | / atomic_dirsync" for n in res["w3_shards"]) + " |",
-          "|---|" + "---|---|" * len(res["w3_shards"])]
-    for m in MODES:
-        cells = []
-        for n in res["w3_shards"]:
-            v = s[m][f"w3_{n}_s"]
-            cells.append(f"{v:.3f} | {v / ref[f'w3_{n}_s']:.2f}")
-        L.append(f"| {m} | " + " | ".join(cells) + " |")
-    kinds = [k for k in ("cold_s", "first_s", "warm_s") if f"w4_{k}" in ref]
-    L += ["", f"## W4: torch.load of the {res['size_mib']} MiB W2 checkpoint", "",
-          ("Cold = after `sync; echo 3 > /proc/sys/vm/drop_caches`." if "cold_s" in kinds else
-           "Dropping caches was not permitted: 'first' is the first load after the save."), "",
-          "| mode | " + " | ".join(f"{k[:-2]} s | / native" for k in kinds) + " |",
-          "|---|" + "---|---|" * len(kinds)]
-    for m in [REF, *CKPTFS]:
-        L.append(f"| {'native' if m == REF else m} | " + " | ".join(
-            f"{s[m][f'w4_{k}']:.3f} | {s[m][f'w4_{k}'] / ref[f'w4_{k}']:.2f}" for k in kinds) + " |")
-    L += ["", "## W5: metadata rates, directory of 1000 entries (ops/s, median of rounds)", "",
-          "| mode | stat/s | open+close/s | readdir(1000)/s |", "|---|---|---|---|"]
-    for m, r in res["w5"].items():
-        L.append(f"| {'native' if m == 'unsafe' else m} | {r['stat_ops']:.0f} | {r['openclose_ops']:.0f} | "
-                 f"{r['readdir_ops']:.1f} |")
-    L += ["", "## W6: daemon resources", "",
-          f"Stream: one {res['w6_mib']} MiB file written in 1 MiB writes through the mount.  Whole run: every "
-          "workload above, CPU seconds of the daemon / GiB written through it.", "",
-          "| mode | peak RSS MiB (whole run) | RSS max during stream MiB | CPU s/GiB stream | CPU s/GiB whole run "
-          "| stream s |", "|---|---|---|---|---|---|"]
-    for m in CKPTFS:
-        r = res["w6"][m]
-        L.append(f"| {m} | {r['peak_rss_mib']:.0f} | {r['stream_rss_max_mib']:.0f} | {r['stream_cpu_s_per_gib']:.2f} "
-                 f"| {r['run_cpu_s_per_gib']:.2f} | {r['stream_s']:.2f} |")
-    L += ["", "## Plots", "", *[f"![{p}]({p})" for p in plots], ""]
+    if raw:
+        L += ["## Raw disk limit (dd, 1 MiB blocks)", "",
+              "| test | MB/s |", "|---|---|",
+              *[f"| {k} | {v:.0f} |" for k, v in raw.items()], ""]
+    tg = targets(s, res)
+    if tg:
+        L += ["## Targets (issue 6, kernel transport)", "",
+              "| target | measured | limit | status |", "|---|---|---|---|"]
+        for name, val, limit, met in tg:
+            L.append(f"| {name} | {val:.2f} | {limit:.2f} | {'met' if met else 'MISSED'} |")
+        L.append("")
+    rows = transport_rows(s, res)
+    if rows:
+        L += ["## Transport comparison: kernel vs mfusepy (sync commit, same workloads)", "",
+              f"kernel = `{KERN}`, mfusepy = `{LIBF}`; native = atomic_dirsync (W5: the native directory).  "
+              "Seconds and ms: lower is better; /s: higher is better.", "",
+              "| metric | native | kernel | mfusepy | kernel / native | mfusepy / native | mfusepy / kernel |",
+              "|---|---|---|---|---|---|---|"]
+        for label, nat, kern, libf in rows:
+            L.append(f"| {label} | {_v(nat)} | {_v(kern)} | {_v(libf)} | {_r(kern, nat)} | {_r(libf, nat)} | "
+                     f"{_r(libf, kern)} |")
+        L.append("")
+    if "w1_p50_ms" in ref:
+        L += ["## W1: paper's group, per-group latency", "",
+              "| mode | p50 ms | p90 ms | p99 ms | p50 / atomic_dirsync | p99 / atomic_dirsync |",
+              "|---|---|---|---|---|---|"]
+        for m in MODES:
+            r = s[m]
+            L.append(f"| {m} | {r['w1_p50_ms']:.2f} | {r['w1_p90_ms']:.2f} | {r['w1_p99_ms']:.2f} | "
+                     f"{r['w1_p50_ms'] / ref['w1_p50_ms']:.2f} | {r['w1_p99_ms'] / ref['w1_p99_ms']:.2f} |")
+        L.append("")
+    if "w2_durable_s" in ref:
+        L += [f"## W2: one torch.save of {res['size_mib']} MiB, made durable", "",
+              "| mode | durable s | stall s | durable / atomic_dirsync | stall / unsafe | GB/s durable | of dd limit |",
+              "|---|---|---|---|---|---|---|"]
+        for m in MODES:
+            r = s[m]
+            bw = gb / r["w2_durable_s"]
+            L.append(f"| {m} | {r['w2_durable_s']:.3f} | {r['w2_stall_s']:.3f} | "
+                     f"{r['w2_durable_s'] / ref['w2_durable_s']:.2f} | {r['w2_stall_s'] / uns['w2_durable_s']:.2f} | "
+                     f"{bw:.2f} | {(1e3 * bw / lim) if lim else float('nan'):.0%} |")
+        L.append("")
+    if all(f"w3_{n}_s" in ref for n in res["w3_shards"]):
+        L += [f"## W3: DCP-style save of {res['size_mib']} MiB as N shard files + `.metadata` last "
+              "(seconds until durable)", "",
+              "| mode | " + " | ".join(f"{n} shards s | / atomic_dirsync" for n in res["w3_shards"]) + " |",
+              "|---|" + "---|---|" * len(res["w3_shards"])]
+        for m in MODES:
+            cells = []
+            for n in res["w3_shards"]:
+                v = s[m][f"w3_{n}_s"]
+                cells.append(f"{v:.3f} | {v / ref[f'w3_{n}_s']:.2f}")
+            L.append(f"| {m} | " + " | ".join(cells) + " |")
+        L.append("")
+    kinds = [k for k in W4_KINDS if f"w4_{k}" in ref]
+    if kinds:
+        L += [f"## W4: torch.load of the {res['size_mib']} MiB W2 checkpoint", "",
+              ("Cold = after `sync; echo 3 > /proc/sys/vm/drop_caches`." if "cold_s" in kinds else
+               "Dropping caches was not permitted: 'first' is the first load after the save."), "",
+              "| mode | " + " | ".join(f"{k[:-2]} s | / native" for k in kinds) + " |",
+              "|---|" + "---|---|" * len(kinds)]
+        for m in [REF, *CKPTFS]:
+            L.append(f"| {'native' if m == REF else m} | " + " | ".join(
+                f"{s[m][f'w4_{k}']:.3f} | {s[m][f'w4_{k}'] / ref[f'w4_{k}']:.2f}" for k in kinds) + " |")
+        L.append("")
+    if res.get("w5"):
+        L += ["## W5: metadata rates, directory of 1000 entries (ops/s, median of rounds)", "",
+              "getxattr = `os.getxattr(path, \"user.ckptfs.status\")` per file (ckptfs only).", "",
+              "| mode | stat/s | open+close/s | readdir(1000)/s | getxattr/s |", "|---|---|---|---|---|"]
+        for m, r in res["w5"].items():
+            gx = f"{r['getxattr_ops']:.0f}" if "getxattr_ops" in r else "-"
+            L.append(f"| {'native' if m == W5_REF else m} | {r['stat_ops']:.0f} | {r['openclose_ops']:.0f} | "
+                     f"{r['readdir_ops']:.1f} | {gx} |")
+        L.append("")
+    if res.get("w6"):
+        L += ["## W6: daemon resources", "",
+              f"Stream: one {res['w6_mib']} MiB file written in 1 MiB writes through the mount.  Whole run: every "
+              "workload above, CPU seconds of the daemon / GiB written through it.", "",
+              "| mode | peak RSS MiB (whole run) | RSS max during stream MiB | CPU s/GiB stream | CPU s/GiB whole run "
+              "| stream s |", "|---|---|---|---|---|---|"]
+        for m, r in res["w6"].items():
+            L.append(f"| {m} | {r['peak_rss_mib']:.0f} | {r['stream_rss_max_mib']:.0f} | "
+                     f"{r['stream_cpu_s_per_gib']:.2f} | {r['run_cpu_s_per_gib']:.2f} | {r['stream_s']:.2f} |")
+        L.append("")
+    if "w7_p50_ms" in ref:
+        L += ["## W7: W1 written by an already-atomic writer, per-group latency", "",
+              "The paper's group incl. MANIFEST + COMMIT, each file `name.tmp`, fsync, rename over `name`, fsync "
+              "of the directory (`write_file(..., \"atomic_dirsync\")`): natively, and the same writer through "
+              "each mount.", "",
+              "| mode | p50 ms | p90 ms | p99 ms | p50 / native | p99 / native |", "|---|---|---|---|---|---|"]
+        for m in (REF, *CKPTFS):
+            r = s[m]
+            if "w7_p50_ms" in r:
+                L.append(f"| {'native' if m == REF else m} | {r['w7_p50_ms']:.2f} | {r['w7_p90_ms']:.2f} | "
+                         f"{r['w7_p99_ms']:.2f} | {r['w7_p50_ms'] / ref['w7_p50_ms']:.2f} | "
+                         f"{r['w7_p99_ms'] / ref['w7_p99_ms']:.2f} |")
+        L.append("")
+    tools = [t for t in TOOL_NAMES if f"tools_{t}_s" in ref]
+    if tools:
+        L += ["## W8: everyday tools on a small-file tree (seconds, median of repetitions)", "",
+              f"One archive of {res.get('tools_files', '?')} files of 1-4 KiB, made once; per repetition and mode: "
+              "`tar xf` into a fresh directory, `ls -lR` (to /dev/null), `du -s`, `git init` (not timed) + "
+              "`git add -A`, `rm -rf` of the tree.  Async: the backlog is drained (untimed) after the tools.", "",
+              "| mode | " + " | ".join(f"{TOOL_NAMES[t]} s | / native" for t in tools) + " |",
+              "|---|" + "---|---|" * len(tools)]
+        for m in (REF, *CKPTFS):
+            if f"tools_{tools[0]}_s" in s[m]:
+                L.append(f"| {'native' if m == REF else m} | " + " | ".join(
+                    f"{s[m][f'tools_{t}_s']:.3f} | {s[m][f'tools_{t}_s'] / ref[f'tools_{t}_s']:.2f}"
+                    for t in tools) + " |")
+        L.append("")
+    if plots:
+        L += ["## Plots", "", *[f"![{p}]({p})" for p in plots], ""]
     out.write_text("\n".join(L))

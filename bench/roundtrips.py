@@ -2,7 +2,8 @@
 
     python -m bench.roundtrips [--dir D] [--groups 20]
 
-Mounts ckptfs with ``--debug`` over a scratch directory, writes ``--groups``
+Mounts ckptfs with ``--debug --transport mfusepy`` (the parser reads libfuse's
+request log) over a scratch directory, writes ``--groups``
 groups of the paper's workload after a marker file, and prints the mean number
 of requests of each opcode per group.  Unmounts and stops the daemon by PID.
 """
@@ -20,7 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from .common import ROOT, is_ckptfs_mount
+from ckptfs.mounts import is_ckptfs_mount
+
+from .common import ROOT
 from .workloads import w1
 
 
@@ -33,8 +36,9 @@ def main() -> None:
     d, logf = base / "mnt", base / "fuse-debug.log"
     d.mkdir()
     with open(logf, "w") as log:
-        p = subprocess.Popen([sys.executable, "-m", "ckptfs", "mount", "-f", str(d), "--debug"], stdout=log,
-                             stderr=log, env=dict(os.environ, PYTHONPATH=str(ROOT)), start_new_session=True)
+        argv = [sys.executable, "-m", "ckptfs", "mount", "-f", str(d), "--debug", "--transport", "mfusepy"]
+        p = subprocess.Popen(argv, stdout=log, stderr=log, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                             start_new_session=True)
     try:
         deadline = time.monotonic() + 30
         while not is_ckptfs_mount(str(d)):

@@ -1,6 +1,7 @@
-"""The workloads of issue 6.  Each takes a directory (native or a ckptfs mount)
-and a write mode (one of the paper's three, or ``ckptfs`` = plain writes, the
-filesystem seals) and returns timings in seconds.
+"""The workloads of issue 6 (W1-W6), W7 (W1 by an already-atomic writer) and
+W8 (everyday tools).  Each takes a directory (native or a ckptfs mount) and,
+where it writes checkpoints, a write mode (one of the paper's three, or
+``ckptfs`` = plain writes, the filesystem seals) and returns timings in seconds.
 
 Invariant: every workload leaves its directory as it found it (it removes what
 it wrote), so repetitions start from the same state.
@@ -11,13 +12,12 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import random
 import re
 import shutil
 import subprocess
 import time
 from pathlib import Path
-
-import torch
 
 from .common import drop_caches, fsync_path, write_file
 
@@ -53,6 +53,8 @@ def w1(root: Path, mode: str, groups: int, durable_wait: bool) -> list[float]:
 
 def w2(root: Path, sd: dict, mode: str, durable_wait: bool) -> dict[str, float]:
     """One torch.save of ``sd`` made durable at ``root/model.pt`` (kept for W4)."""
+    import torch  # here, not at the top: a run without W2-W4 does not pay for importing torch
+
     p = root / "model.pt"
     os.sync()
     t0 = time.perf_counter()
@@ -98,6 +100,8 @@ def w3(root: Path, buf: memoryview, shards: int, mode: str, durable_wait: bool) 
 
 def w4(path: Path) -> dict[str, float]:
     """torch.load of ``path`` cold (page cache dropped, where permitted) and warm."""
+    import torch
+
     out: dict[str, float] = {}
     cold = drop_caches()
     t0 = time.perf_counter()
@@ -119,11 +123,14 @@ def w5_prepare(d: Path, n: int = 1000) -> None:
             f.write(b"x")
 
 
-def w5(d: Path, rounds: int) -> dict[str, float]:
+def w5(d: Path, rounds: int, xattr: bool = False) -> dict[str, float]:
     """Metadata rates in ``d`` (1000 entries): ops/s of stat, open+close, and
-    readdirs/s of the whole directory; median over ``rounds``."""
+    readdirs/s of the whole directory; with ``xattr`` (ckptfs mounts only) also
+    ops/s of ``getxattr(user.ckptfs.status)`` per file.  Median over ``rounds``."""
     names = [str(d / n) for n in sorted(os.listdir(d))]
     res: dict[str, list[float]] = {"stat_ops": [], "openclose_ops": [], "readdir_ops": []}
+    if xattr:
+        res["getxattr_ops"] = []
     for _ in range(rounds):
         t0 = time.perf_counter()
         for p in names:
@@ -137,7 +144,69 @@ def w5(d: Path, rounds: int) -> dict[str, float]:
         for _ in range(10):
             assert len(os.listdir(d)) == len(names)
         res["readdir_ops"].append(10 / (time.perf_counter() - t0))
+        if xattr:
+            t0 = time.perf_counter()
+            for p in names:
+                os.getxattr(p, "user.ckptfs.status")
+            res["getxattr_ops"].append(len(names) / (time.perf_counter() - t0))
     return {k: sorted(v)[len(v) // 2] for k, v in res.items()}
+
+
+def w7(root: Path, groups: int) -> list[float]:
+    """W1 written by an application that is already atomic: the paper's group
+    (128 KiB model + 64 KiB optimizer + rng JSON + MANIFEST + COMMIT), every
+    file written ``name.tmp``, fsynced, renamed over ``name``, directory fsynced
+    (``write_file(..., "atomic_dirsync")``), the group directory's parent
+    fsynced after ``mkdir``.  Run natively and through each mount: what ckptfs
+    costs a writer that needs none of its help.  Returns per-group latencies."""
+    return w1(root, "atomic_dirsync", groups, False)
+
+
+TOOLS = ("tar_xf", "ls_lR", "du_s", "git_add", "rm_rf")
+_GIT = ["git", "-c", "user.name=bench", "-c", "user.email=bench@example.invalid", "-c", "init.defaultBranch=main"]
+
+
+def tools_prepare(base: Path, dirs: int, files: int, seed: int = 6) -> Path:
+    """Create ``base/tools.tar`` once: ``dirs`` directories of ``files`` files of
+    1-4 KiB of random bytes each (the tree is removed; every mode extracts the
+    same archive).  Returns the archive's path."""
+    rng = random.Random(seed)
+    src = base / "tools-src"
+    for i in range(dirs):
+        d = src / f"d{i:03d}"
+        d.mkdir(parents=True)
+        for j in range(files):
+            (d / f"f{j:04d}.dat").write_bytes(rng.randbytes(rng.randint(1 << 10, 4 << 10)))
+    tar = base / "tools.tar"
+    subprocess.run(["tar", "cf", str(tar), "-C", str(src), "."], check=True)
+    shutil.rmtree(src)
+    return tar
+
+
+def tools(root: Path, archive: Path) -> dict[str, float]:
+    """Everyday tools on a small-file tree, one invocation each, seconds
+    (wall clock of the subprocess): ``tar xf`` of ``archive`` into
+    ``root/tree``, ``ls -lR`` of it (to /dev/null), ``du -s``, ``git add -A``
+    in a fresh ``git init`` repository of the tree (the init is not timed),
+    and ``rm -rf`` of the whole tree (the directory is left as found)."""
+    tree = root / "tree"
+    tree.mkdir()
+    env = dict(os.environ, GIT_CONFIG_GLOBAL="/dev/null", GIT_CONFIG_NOSYSTEM="1")
+    out: dict[str, float] = {}
+
+    def timed(key: str, argv: list[str], cwd: Path | None = None) -> None:
+        t0 = time.perf_counter()
+        subprocess.run(argv, cwd=cwd, env=env, check=True, stdout=subprocess.DEVNULL)
+        out[key] = time.perf_counter() - t0
+
+    os.sync()
+    timed("tar_xf", ["tar", "xf", str(archive), "-C", str(tree)])
+    timed("ls_lR", ["ls", "-lR", str(tree)])
+    timed("du_s", ["du", "-s", str(tree)])
+    subprocess.run([*_GIT, "init", "-q"], cwd=tree, env=env, check=True)
+    timed("git_add", [*_GIT, "add", "-A"], cwd=tree)
+    timed("rm_rf", ["rm", "-rf", str(tree)])
+    return out
 
 
 def stream_write(p: Path, size_mib: int, sample) -> float:

@@ -1,4 +1,5 @@
-"""The benchmark entry point runs every workload end to end (tiny sizes; no timing asserts)."""
+"""The benchmark entry point runs every workload end to end on both transports (tiny sizes; no timing
+asserts), and ``--only`` runs a subset."""
 
 from __future__ import annotations
 
@@ -8,28 +9,67 @@ import sys
 
 from conftest import ROOT, _env
 
-MODES = ["unsafe", "atomic_nodirsync", "atomic_dirsync", "ckptfs-sync", "ckptfs-async"]
+MODES = ["unsafe", "atomic_nodirsync", "atomic_dirsync", "ckptfs-sync", "ckptfs-async", "ckptfs-sync-mfusepy"]
+CKPTFS = MODES[3:]
+TOOLS = {"tar_xf", "ls_lR", "du_s", "git_add", "rm_rf"}
+
+
+def _bench(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bench", "--smoke", "--dir", str(tmp_path), *args],
+                          cwd=ROOT, capture_output=True, text=True, env=_env(), timeout=300)
+
+
+def _rows(text: str, section: str) -> list[str]:
+    body = text.split(section)[1].split("\n## ")[0]
+    return [ln.split("|")[1].strip() for ln in body.splitlines() if ln.startswith("| ") and "---" not in ln][1:]
+
+
+def _clean(tmp_path) -> None:
+    """The scratch directory and every mount are gone."""
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("ckptfs-bench-")]
+    with open("/proc/mounts") as f:
+        assert str(tmp_path) not in f.read()
 
 
 def test_bench_smoke(tmp_path) -> None:
     out = tmp_path / "perf.md"
-    r = subprocess.run([sys.executable, "-m", "bench", "--smoke", "--dir", str(tmp_path), "--out", str(out)],
-                       cwd=ROOT, capture_output=True, text=True, env=_env(), timeout=300)
+    r = _bench(tmp_path, "--out", str(out))
     assert r.returncode == 0, r.stderr
     text = out.read_text()
-    w1 = text.split("## W1")[1].split("##")[0]
-    rows = [ln.split("|")[1].strip() for ln in w1.splitlines() if ln.startswith("| ") and "---" not in ln]
-    assert rows[1:] == MODES
-    for section in ("## Raw disk limit", "## Targets", "## W2", "## W3", "## W4", "## W5", "## W6"):
+    assert _rows(text, "## W1") == MODES
+    for section in ("## Raw disk limit", "## Targets", "## Transport comparison", "## W2", "## W3", "## W4",
+                    "## W5", "## W6", "## W7", "## W8"):
         assert section in text
+    assert _rows(text, "## W7") == ["native", *CKPTFS]
+    assert _rows(text, "## W8") == ["native", *CKPTFS]
+    assert "W7 p99 ms" in text and "W8 git add -A s" in text and "W5 getxattr/s" in text
     res = json.loads((tmp_path / "perf.json").read_text())
     for m in MODES:
         assert len(res["modes"][m]["w1"]) == 10 and len(res["modes"][m]["w2"]) == 1
         assert all(len(v) == 1 for v in res["modes"][m]["w3"].values())
-    assert set(res["w6"]) == {"ckptfs-sync", "ckptfs-async"}
+    for m in ("atomic_dirsync", *CKPTFS):
+        assert len(res["modes"][m]["w7"]) == 10
+        assert len(res["modes"][m]["tools"]) == 1 and set(res["modes"][m]["tools"][0]) == TOOLS
+    assert res["tools_files"] == 100
+    assert set(res["w5"]) == {"unsafe", *CKPTFS}
+    assert "getxattr_ops" not in res["w5"]["unsafe"] and all("getxattr_ops" in res["w5"][m] for m in CKPTFS)
+    assert set(res["w6"]) == set(CKPTFS)
     assert all(v["bytes_written"] > 0 and v["peak_rss_mib"] > 0 for v in res["w6"].values())
-    assert (tmp_path / "perf-w1-cdf.png").stat().st_size > 0 and (tmp_path / "perf-bulk.png").stat().st_size > 0
-    # the scratch directory and both mounts are gone
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith("ckptfs-bench-")]
-    with open("/proc/mounts") as f:
-        assert str(tmp_path) not in f.read()
+    for png in ("perf-w1-cdf.png", "perf-w7-cdf.png", "perf-bulk.png"):
+        assert (tmp_path / png).stat().st_size > 0
+    _clean(tmp_path)
+
+
+def test_bench_only(tmp_path) -> None:
+    out = tmp_path / "sub.md"
+    r = _bench(tmp_path, "--only", "w7", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    text = out.read_text()
+    assert _rows(text, "## W7") == ["native", *CKPTFS]
+    assert "## W1" not in text and "## W5" not in text and "## W8" not in text and "## Raw disk" not in text
+    res = json.loads((tmp_path / "sub.json").read_text())
+    assert res["only"] == ["W7"] and not res["w5"] and not res["w6"] and not res["modes"]["ckptfs-sync"]["w1"]
+    assert len(res["modes"]["ckptfs-sync-mfusepy"]["w7"]) == 10 and not res["modes"]["unsafe"]["w7"]
+    _clean(tmp_path)
+    bad = _bench(tmp_path, "--only", "W9", "--out", str(out))
+    assert bad.returncode == 2 and "unknown workload" in bad.stderr
