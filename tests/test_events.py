@@ -62,7 +62,7 @@ def test_install_seal_and_rename_are_announced(recorded) -> None:  # type: ignor
     fs.mkdir("run/checkpoint-1", 0o755)
     g = _save(fs, 1)  # HF layout: trainer_state.json is the marker that seals it
     assert kinds(seen, f"{g}/model.pt") == [events.PUBLISHED]
-    assert kinds(seen, g) == [events.SEALED]
+    assert kinds(seen, g) == [events.OPENED, events.SEALED]
     fs.rename("run/checkpoint-1/model.pt", "run/checkpoint-1/model2.pt")
     assert [e for e in seen if e.kind == events.RENAMED] == [
         Event(events.RENAMED, f"{g}/model.pt", dst=f"{g}/model2.pt")]
@@ -176,4 +176,4 @@ def test_a_group_that_turns_out_empty_is_released_and_announced(recorded) -> Non
         writer.wait()
     fs.grp.housekeeping()
     assert "run/checkpoint-5" not in fs.groups
-    assert kinds(seen, "run/checkpoint-5") == [events.RELEASED]
+    assert kinds(seen, "run/checkpoint-5") == [events.OPENED, events.RELEASED]

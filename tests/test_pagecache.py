@@ -32,7 +32,9 @@ def test_keep_cache_never_serves_stale_pages(tmp_path: Path) -> None:
     d.mkdir()
     b.mkdir()
     v1, v2 = os.urandom(SIZE), os.urandom(SIZE)
-    with Mount(d, backing=b, extra_args=["--on-corrupt", "rollback"]):
+    # the rule serves the daemon-read path (mfusepy, or no passthrough); passthrough opens read the
+    # backing file and use no FUSE page cache at all (tests/test_native.py)
+    with Mount(d, backing=b, extra_args=["--on-corrupt", "rollback", "--no-passthrough"]):
         (d / "a.bin").write_bytes(v1)
         assert read_all(d / "a.bin") == v1  # first open of this version: kernel pages dropped
         n = kept(d)

@@ -60,6 +60,7 @@ class Notifier:
     def start(self, hub: events.Events) -> None:
         self._unsub = hub.subscribe(self.on_event)
         self.ops.invalidate = self.inode
+        self.ops.invalidate_now = self.inode_now
         self.thread = threading.Thread(target=self._run, name="ckptfs-notify", daemon=True)
         self.thread.start()
 
@@ -73,6 +74,12 @@ class Notifier:
     def inode(self, n: Node) -> None:
         """Queue an attribute invalidation of node ``n`` (a writer opened it: fuse/ops.py)."""
         self.q.put((k.NOTIFY_INVAL_INODE, n.nid))
+
+    def inode_now(self, n: Node) -> None:
+        """Invalidate node ``n``'s attributes before the current request is answered (a LINK: the
+        other name's node caches the old link count).  Attribute-only INVAL_INODE takes no lock
+        in the kernel, so this is safe on the request's own thread."""
+        self._send(k.NOTIFY_INVAL_INODE, n.nid)
 
     # ------------------------------------------------------------ events -> notifications
     def on_event(self, ev: events.Event) -> None:
@@ -99,20 +106,23 @@ class Notifier:
             if item is None:
                 return
             code, nid = item
-            if code == k.NOTIFY_INC_EPOCH:
-                payload = b""
-            else:
-                payload = k.NOTIFY_INVAL_INODE_OUT.pack(nid, -1, 0)
-            try:
-                os.writev(self.fd, [k.OUT_HEADER.pack(k.OUT_HEADER.size + len(payload), code, 0), payload])
-                self.sent += 1
-                self.ops.fs.stats["kernel_invalidations"] += 1
-            except OSError as e:
-                if code == k.NOTIFY_INC_EPOCH and e.errno in (errno.EINVAL, errno.ENOSYS):
-                    log.warning("kernel lacks FUSE_NOTIFY_INC_EPOCH (%s): entries are no longer cached", e)
-                    self.ops.entry_cache = False
-                    continue
-                if e.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ENODEV, errno.EBADF):
-                    log.warning("invalidation %d of node %d failed: %s", code, nid, e)
-                if e.errno in (errno.ENODEV, errno.EBADF):
-                    return
+            if not self._send(code, nid):
+                return
+
+    def _send(self, code: int, nid: int) -> bool:
+        """Write one notification; False once the connection is gone."""
+        payload = b"" if code == k.NOTIFY_INC_EPOCH else k.NOTIFY_INVAL_INODE_OUT.pack(nid, -1, 0)
+        try:
+            os.writev(self.fd, [k.OUT_HEADER.pack(k.OUT_HEADER.size + len(payload), code, 0), payload])
+            self.sent += 1
+            self.ops.fs.stats["kernel_invalidations"] += 1
+        except OSError as e:
+            if code == k.NOTIFY_INC_EPOCH and e.errno in (errno.EINVAL, errno.ENOSYS):
+                log.warning("kernel lacks FUSE_NOTIFY_INC_EPOCH (%s): entries are no longer cached", e)
+                self.ops.entry_cache = False
+                return True
+            if e.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ENODEV, errno.EBADF):
+                log.warning("invalidation %d of node %d failed: %s", code, nid, e)
+            if e.errno in (errno.ENODEV, errno.EBADF):
+                return False
+        return True

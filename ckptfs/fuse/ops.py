@@ -78,6 +78,7 @@ class Ops:
         self.lock = threading.Lock()
         self.passthrough: Any = None  # fuse/passthrough.Passthrough once negotiated at INIT
         self.invalidate: Callable[[Node], None] = lambda n: None  # fuse/notify.Notifier.inode
+        self.invalidate_now: Callable[[Node], None] = lambda n: None  # fuse/notify.Notifier.inode_now
         self.table: dict[int, Callable[[Node | None, int, Caller, memoryview], Any]] = {
             k.LOOKUP: self.lookup, k.GETATTR: self.getattr, k.SETATTR: self.setattr,
             k.READLINK: self.readlink, k.SYMLINK: self.symlink, k.MKNOD: self.mknod, k.MKDIR: self.mkdir,
@@ -250,13 +251,16 @@ class Ops:
 
     def link(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
         (oldnid,) = k.LINK_IN.unpack_from(body)
-        old = self.path_of(self.nodes.get(oldnid))
+        oldnode = self.nodes.get(oldnid)
+        old = self.path_of(oldnode)
         path = self.child(node, _name(body[k.LINK_IN.size:]))
         self.fs.link(old, path, c)
+        assert oldnode is not None
+        self.invalidate_now(oldnode)  # its cached link count is stale; from now on it is never cached
         return self.entry(path, self.fs.getattr(path, None, c))
 
     # ------------------------------------------------------------ files
-    def _opened(self, fh: int, n: Node, c: Caller, flags: int) -> bytes:
+    def _opened(self, fh: int, n: Node, c: Caller, flags: int, created: bool = False) -> bytes:
         """The OPEN reply for new handle ``fh`` on ``n``: direct I/O, passthrough or cached (with
         keep_cache where the page-cache rule allows).  On an error the handle is released."""
         direct = self.fs.direct_io(fh)
@@ -277,8 +281,10 @@ class Ops:
             self.invalidate(n)
         if not oflags & (k.FOPEN_DIRECT_IO | k.FOPEN_PASSTHROUGH) and self.pages.decide(fh):
             oflags |= k.FOPEN_KEEP_CACHE
-        if flags & os.O_ACCMODE == os.O_RDONLY:
-            oflags |= k.FOPEN_NOFLUSH  # CkptFS.flush does nothing for a reader: no round trip at close
+        if not created and flags & os.O_ACCMODE == os.O_RDONLY and not flags & os.O_TRUNC:
+            # CkptFS.flush does nothing for a reader: no round trip at close.  Never for a create,
+            # even O_RDONLY: the new file's version is committed at its flush
+            oflags |= k.FOPEN_NOFLUSH
         return k.OPEN_OUT.pack(fh, oflags, backing)
 
     def open(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
@@ -307,7 +313,7 @@ class Ops:
         n = self.nodes.at(path)
         assert n is not None
         self.pages.decide(fh)  # a writer: the path's cached pages are no longer known clean
-        return [ent, self._opened(fh, n, c, flags)]
+        return [ent, self._opened(fh, n, c, flags, created=True)]
 
     def read(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
         fh, offset, size, *_ = k.READ_IN.unpack_from(body)

@@ -167,8 +167,10 @@ class Session:
             self.reply_err(unique, errno.EPROTO)
             raise NativeUnavailable(f"kernel FUSE protocol {major}.{minor} is too old (need 7.31)")
         self.proto_minor = min(minor, k.KERNEL_MINOR)
+        # no HANDLE_KILLPRIV: the kernel clears setuid/setgid on a write by another user itself
+        # (pjdfstest chmod/12)
         want = (k.ASYNC_READ | k.ATOMIC_O_TRUNC | k.BIG_WRITES | k.PARALLEL_DIROPS | k.AUTO_INVAL_DATA
-                | k.HANDLE_KILLPRIV | k.ASYNC_DIO | k.MAX_PAGES | k.INIT_EXT)
+                | k.ASYNC_DIO | k.MAX_PAGES | k.INIT_EXT)
         flags = kflags & want
         flags2 = 0
         if self.want_passthrough and kflags & k.INIT_EXT and kflags2 & k.PASSTHROUGH:
@@ -254,6 +256,8 @@ class Session:
         except Reply:
             return
         except OSError as e:
+            if self.debug:
+                log.debug("%s node=%d -> %s", k.NAMES.get(opcode, opcode), nid, e)
             self.reply_err(unique, e.errno or errno.EIO)
             return
         except Exception:
