@@ -42,7 +42,7 @@ log = logging.getLogger("ckptfs.fuse")
 
 MAX_WRITE = 1 << 20  # 1 MiB per WRITE (max_pages 256)
 BUFSIZE = MAX_WRITE + 4096  # a request: headers, names and up to MAX_WRITE bytes of data
-MAX_WORKERS = 32
+MAX_WORKERS = 16  # each holds a 1 MiB request buffer (and a 1 MiB read buffer once it served a READ)
 MS_NOSUID, MS_NODEV = 2, 4
 MNT_DETACH = 2
 
