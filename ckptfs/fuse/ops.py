@@ -134,9 +134,9 @@ class Ops:
     def getattr(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
         flags, _, fh = k.GETATTR_IN.unpack_from(body)
         fh_ = fh if flags & k.GETATTR_FH else None
-        if node is not None and node.path is None and fh_ is None:
+        if (node is None or node.path is None) and fh_ not in self.fs.handles:
             raise OSError(errno.ENOENT, "stale node")
-        path = node.path if node is not None and node.path is not None else ""
+        path = node.path if node is not None and node.path is not None else ""  # "": answered by fh_
         st = self.fs.getattr(path, fh_, c)
         return self.attr(path, st)
 
@@ -146,9 +146,9 @@ class Ops:
         fh_ = fh if valid & k.FATTR_FH else None
         path = node.path if node is not None and node.path is not None else None
         if path is None:
-            if fh_ is None:
+            if fh_ not in self.fs.handles:
                 raise OSError(errno.ENOENT, "stale node")
-            path = self.fs.handles[fh_].path if fh_ in self.fs.handles else ""
+            path = self.fs.handles[fh_].path
         if valid & k.FATTR_MODE:
             self.fs.chmod(path, mode)
         if valid & (k.FATTR_UID | k.FATTR_GID):
