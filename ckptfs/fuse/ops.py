@@ -279,8 +279,6 @@ class Ops:
             # a new version is open: attributes other processes had cached with a long timeout
             # must be asked again (they get the committed ones while it is open: V1, ttl 0)
             self.invalidate(n)
-            if self.passthrough is not None and n.path is not None:
-                self.passthrough.writer_opened(n.path)
         if not oflags & (k.FOPEN_DIRECT_IO | k.FOPEN_PASSTHROUGH) and self.pages.decide(fh):
             oflags |= k.FOPEN_KEEP_CACHE
         if not created and flags & os.O_ACCMODE == os.O_RDONLY and not flags & os.O_TRUNC:

@@ -16,11 +16,6 @@ P2  While a node has passthrough opens, any other open of it fails with EIO in t
     returns a new node id for the name, and the open lands on a fresh kernel inode.  Readers
     already open keep reading the version they opened, as on a native filesystem where the
     writer's file is renamed over it.
-    A reader that opens the name between the split and the writer's repeated open must not take
-    the fresh node for passthrough (the writer's second open would meet it too and fail with
-    ESTALE, the VFS retries only once): the name is *held off* passthrough (``held_off``) from
-    the split until a writable open of it succeeds, or ``HOLD_OFF_SECONDS`` pass; such readers
-    read through the daemon meanwhile.
 P3  Where registering a backing file fails (no CAP_SYS_ADMIN, a backing filesystem that stacks
     too deep: ELOOP, no kernel support), the open falls back to daemon reads; counted in
     ``user.ckptfs.stats`` (``passthrough_fallbacks``) and logged once.
@@ -33,7 +28,6 @@ import fcntl
 import logging
 import os
 import threading
-import time
 
 from ckptfs.fuse import kernel as k
 from ckptfs.fuse.nodes import Node
@@ -42,7 +36,6 @@ from ckptfs.fuse.ops import Ops
 log = logging.getLogger("ckptfs.fuse.passthrough")
 
 CACHED, DIRECT, PASSTHROUGH = "cached", "direct", "passthrough"
-HOLD_OFF_SECONDS = 5.0
 
 
 class Passthrough:
@@ -52,7 +45,6 @@ class Passthrough:
         self.fs = ops.fs
         self.lock = threading.Lock()
         self.mode: dict[int, tuple[Node, str]] = {}  # fh -> (node, io mode)
-        self.held_off: dict[str, float] = {}  # path -> until when no open of it gets passthrough (P2)
         self.warned = False
 
     def install(self) -> None:
@@ -68,23 +60,13 @@ class Passthrough:
         """(open flags, backing id) for handle ``fh`` just opened on ``node``; raises ESTALE (P2)."""
         fd = self.fs.passthrough_fd(fh)
         with self.lock:
-            until = self.held_off.get(node.path or "")
-            if until is not None and fd is not None and node.pt_opens == 0:
-                if time.monotonic() < until:
-                    # a writer is about to repeat its open of this name: no passthrough, and no page
-                    # cache either (its O_TRUNC would cut a shared mapping: SIGBUS); reads go through
-                    # the daemon, a mapping fails with ENODEV
-                    self.fs.stats["passthrough_held_off"] += 1
-                    self.mode[fh] = (node, DIRECT)
-                    return k.FOPEN_DIRECT_IO, 0
-                del self.held_off[node.path or ""]
             if fd is None and node.pt_opens > 0:
                 raise self._stale(node)
             if fd is not None and node.cached_opens == 0:
                 st = os.fstat(fd)
                 key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
                 if node.pt_opens > 0 and node.pt_key != key:
-                    raise self._stale(node, writer=False)  # a reader of a newer version
+                    raise self._stale(node)
                 if node.pt_opens == 0:
                     bid = self._register(fd)
                     if bid is not None:
@@ -100,15 +82,7 @@ class Passthrough:
             self.mode[fh] = (node, CACHED)
             return 0, 0
 
-    def writer_opened(self, path: str) -> None:
-        """A writable open of ``path`` succeeded: readers may use passthrough again (P2)."""
-        if self.held_off:
-            with self.lock:
-                self.held_off.pop(path, None)
-
-    def _stale(self, node: Node, writer: bool = True) -> OSError:
-        if writer and node.path is not None:
-            self.held_off[node.path] = time.monotonic() + HOLD_OFF_SECONDS
+    def _stale(self, node: Node) -> OSError:
         self.ops.nodes.detach(node)
         self.fs.stats["passthrough_node_splits"] += 1
         return OSError(errno.ESTALE, "node held by passthrough readers: look the name up again")
