@@ -14,11 +14,14 @@ ROOT = Path(__file__).resolve().parent.parent
 RACE = str(ROOT / "tests" / "workloads" / "race.py")
 
 
-def race(mountpoint: Path, tmp: Path, kind: str, rel: str, mode: str, n: int = 30) -> dict:
+def race(mountpoint: Path, tmp: Path, kind: str, rel: str, mode: str, n: int = 30,
+         writer_must_succeed: bool = True) -> dict:
     """Save ``n`` versions of ``rel`` (KIND, MODE: see race.py) while a reader loads it in a loop.
     The reader's report: loads, errors (messages), absent (not there: between an unlink and the next
     save), torn (a load mixing versions), gens (the version of each load, in order), plus
-    ``reader_rc`` (its exit status: -7 is SIGBUS) and ``final`` (the version loaded afterwards)."""
+    ``reader_rc`` (its exit status: -7 is SIGBUS), ``writer_rc`` and ``writer_error`` (a failed writer
+    raises AssertionError unless ``writer_must_succeed`` is False: the campaign records it) and
+    ``final`` (the version loaded afterwards)."""
     path = str(mountpoint / rel)
     subprocess.run([sys.executable, RACE, "write", kind, path, "1", "inplace"], check=True, timeout=120,
                    stderr=subprocess.DEVNULL)
@@ -30,8 +33,10 @@ def race(mountpoint: Path, tmp: Path, kind: str, rel: str, mode: str, n: int = 3
     try:
         time.sleep(2.0)  # the reader is loading (its imports done) before the first save starts
         t0 = time.monotonic()
-        subprocess.run([sys.executable, RACE, "write", kind, path, str(n), mode], check=True, timeout=300,
-                       stderr=subprocess.DEVNULL)
+        w = subprocess.run([sys.executable, RACE, "write", kind, path, str(n), mode], timeout=300,
+                           stderr=subprocess.PIPE, text=True)
+        if w.returncode != 0 and writer_must_succeed:
+            raise AssertionError(f"writer failed ({w.returncode}): {w.stderr[-500:]}")
         seconds = time.monotonic() - t0
         time.sleep(0.5)
     finally:
@@ -40,6 +45,9 @@ def race(mountpoint: Path, tmp: Path, kind: str, rel: str, mode: str, n: int = 3
     rep = json.loads(out.read_text()) if out.exists() else {"loads": 0, "errors": [], "absent": 0, "torn": 0,
                                                             "gens": []}
     rep["reader_rc"] = rc
+    rep["writer_rc"] = w.returncode
+    if w.returncode != 0:
+        rep["writer_error"] = (w.stderr.strip().splitlines() or [""])[-1][:300]
     rep["save_seconds"] = round(seconds, 2)
     rep["final"] = subprocess.run([sys.executable, "-c", (
         f"import sys; sys.path.insert(0, {str(ROOT / 'tests' / 'workloads')!r}); import race; "
