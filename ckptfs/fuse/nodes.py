@@ -31,6 +31,7 @@ class Node:
     opens: int = 0  # open file handles on this node (an unlinked open file is hidden, not removed)
     hidden: bool = False  # renamed to a .fuse_hidden name while open (unlink or rename over it)
     cached_opens: int = 0  # opens in the kernel's cached I/O mode (neither direct I/O nor passthrough)
+    direct_opens: int = 0  # direct I/O opens (a writer of a checkpoint file, an isolated reader)
     pt_opens: int = 0  # passthrough opens; they share one backing id (one per kernel inode)
     pt_backing: int = 0
     pt_key: tuple = ()  # identity of the backing file they read (st_dev, st_ino, size, mtime, ctime)

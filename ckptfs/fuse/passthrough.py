@@ -9,8 +9,12 @@ The kernel's rules (``fs/fuse/iomode.c``), which this module keeps:
 P1  A kernel inode reads one backing file: every passthrough open of a node shares one backing
     id, registered at the first and closed at the last release.
 P2  While a node has passthrough opens, any other open of it fails with EIO in the kernel; while
-    it has cached-mode opens, a passthrough open does.  So a node with cached opens gets no
-    passthrough (its reads go through the daemon), and an open that cannot share the node's
+    it has cached-mode opens, a passthrough open does.  The kernel applies these rules when the
+    opener's thread resumes after our reply, so two opens decided in one order may reach them in
+    the other: a passthrough reader and a direct-I/O writer decided at once made the writer's
+    ``torch.save`` fail with EIO (reader race campaign).  So the modes are exclusive per node
+    from decision to release: a node with cached or direct-I/O opens gets no passthrough (its
+    reads go through the daemon), and an open that cannot share the node's
     backing file (a writer, another version) is answered ESTALE after the node is *detached*
     (:meth:`Nodes.detach`): the VFS repeats the open once with ``LOOKUP_REVAL``, the lookup
     returns a new node id for the name, and the open lands on a fresh kernel inode.  Readers
@@ -62,11 +66,11 @@ class Passthrough:
         with self.lock:
             if fd is None and node.pt_opens > 0:
                 raise self._stale(node)
-            if fd is not None and node.cached_opens == 0:
+            if fd is not None and node.cached_opens == 0 and node.direct_opens == 0:
                 st = os.fstat(fd)
                 key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
                 if node.pt_opens > 0 and node.pt_key != key:
-                    raise self._stale(node)
+                    raise self._stale(node, writer=False)  # a reader of a newer version
                 if node.pt_opens == 0:
                     bid = self._register(fd)
                     if bid is not None:
@@ -76,6 +80,7 @@ class Passthrough:
                     self.mode[fh] = (node, PASSTHROUGH)
                     return k.FOPEN_PASSTHROUGH, node.pt_backing
             if direct:  # bypasses the page cache: takes no io mode in the kernel
+                node.direct_opens += 1
                 self.mode[fh] = (node, DIRECT)
                 return k.FOPEN_DIRECT_IO, 0
             node.cached_opens += 1
@@ -106,6 +111,9 @@ class Passthrough:
             node, mode = got
             if mode == CACHED:
                 node.cached_opens -= 1
+                return
+            if mode == DIRECT:
+                node.direct_opens -= 1
                 return
             if mode != PASSTHROUGH:
                 return
