@@ -337,9 +337,10 @@ class CkptFS:
 
     def passthrough_fd(self, fh: int) -> int | None:
         """The backing fd the kernel may read from directly (FUSE passthrough) for handle ``fh``, or
-        None if the daemon must serve its reads: a writer, a staged version (read-your-writes).  A
-        reader isolated from a rewrite in progress (``h.direct``) reads the committed file this way
-        too (and can map it).  A committed file is verified completely first (once per version):
+        None if the daemon must serve its reads: a writer, a staged version (read-your-writes).  (A
+        reader isolated from a rewrite in progress qualifies too, but the transport gives it
+        passthrough only where no other kind of open shares its kernel inode: P2 in
+        fuse/passthrough.py.)  A committed file is verified completely first (once per version):
         the daemon sees none of the reads that follow.  Raises EIO if it is corrupt."""
         h = self.handles.get(fh)
         if h is None or h.writable or h.version is not None or h.fd is None:
