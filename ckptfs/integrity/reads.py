@@ -400,11 +400,8 @@ class Integrity:
 
     def before_clone(self, fd: int | None) -> None:
         """A write clones the committed file: verify all of it first (no laundering)."""
-        chk = self.checks.get(fd) if fd is not None else None
-        if chk is not None:
-            bad = self._verify_all(chk.path, fd, chk.state)
-            if bad is not None:
-                raise _eio(chk.path, bad)
+        if fd is not None:
+            self.verify_whole(fd)
 
     # ------------------------------------------------------------ getattr
     def stat_override(self, path: str) -> os.stat_result | None:
