@@ -13,6 +13,7 @@ T2  ``by_path[p].path == p`` for every mapped path; a node whose name went away 
     or its open handles answer).  A *detached* node (:meth:`detach`) keeps its path but is no
     longer ``by_path[path]``: the name's next lookup makes a new node.
 T3  A rename through the mount moves the node and every mapped node below it.
+T4  (the child index, :class:`Nodes`) subtree operations find exactly the mapped paths below.
 """
 
 from __future__ import annotations
@@ -47,12 +48,66 @@ def split(path: str) -> tuple[str, str]:
 
 
 class Nodes:
+    """The table.  Besides ``by_id`` and ``by_path`` it keeps ``kids``: parent path -> the child
+    names *listed* under it, so subtree operations cost the subtree, not the table (events for
+    every commit, every rename and rmdir walk a subtree).
+
+    T4  A path is listed in ``kids[parent]`` iff it is mapped or has listed children; so every
+        mapped path below ``p`` is reached from ``kids[p]`` even where a directory between them is
+        not mapped (the kernel's dentry tree makes that rare: a child dentry pins its parent).
+    """
+
     def __init__(self) -> None:
         self.lock = threading.Lock()
         root = Node(ROOT_ID, "", nlookup=1 << 62)
         self.by_id: dict[int, Node] = {ROOT_ID: root}
         self.by_path: dict[str, Node] = {"": root}
+        self.kids: dict[str, set[str]] = {}
         self._next = ROOT_ID + 1
+
+    # -- the index (callers hold self.lock) --
+
+    def _put(self, path: str, n: Node) -> None:
+        self.by_path[path] = n
+        p = path
+        while p:  # list p under its parent, and the parent under its own, up to a listed one (T4)
+            parent, name = split(p)
+            names = self.kids.setdefault(parent, set())
+            if name in names:
+                return
+            names.add(name)
+            p = parent
+
+    def _pop(self, path: str) -> Node | None:
+        n = self.by_path.pop(path, None)
+        if n is None:
+            return None
+        p = path
+        while p and p not in self.by_path and not self.kids.get(p):  # p is no longer listed (T4)
+            parent, name = split(p)
+            names = self.kids.get(parent)
+            if not names or name not in names:
+                break
+            names.discard(name)
+            if not names:
+                del self.kids[parent]
+            p = parent
+        return n
+
+    def _below(self, path: str) -> list[str]:
+        """Mapped paths strictly below ``path`` (parents before children)."""
+        out: list[str] = []
+        stack = [path]
+        while stack:
+            p = stack.pop()
+            for name in self.kids.get(p, ()):
+                c = join(p, name)
+                if c in self.by_path:
+                    out.append(c)
+                stack.append(c)
+        return out
+
+    # -- the operations --
 
     def get(self, nid: int) -> Node | None:
         return self.by_id.get(nid)
@@ -68,7 +123,7 @@ class Nodes:
                 n = Node(self._next, path)
                 self._next += 1
                 self.by_id[n.nid] = n
-                self.by_path[path] = n
+                self._put(path, n)
             n.nlookup += 1
             return n
 
@@ -81,22 +136,18 @@ class Nodes:
             if n.nlookup <= 0 and n.opens <= 0:
                 del self.by_id[nid]
                 if n.path is not None and self.by_path.get(n.path) is n:
-                    del self.by_path[n.path]
+                    self._pop(n.path)
 
     def unmap(self, path: str, subtree: bool = False) -> list[Node]:
         """The name ``path`` (and, with ``subtree``, every name below it) is gone (T2)."""
         with self.lock:
+            below = self._below(path) if subtree else []
             gone = []
-            n = self.by_path.pop(path, None)
-            if n is not None:
-                n.path = None
-                gone.append(n)
-            if subtree:
-                pre = path + "/"
-                for p in [p for p in self.by_path if p.startswith(pre)]:
-                    m = self.by_path.pop(p)
-                    m.path = None
-                    gone.append(m)
+            for p in [path, *below]:
+                n = self._pop(p)
+                if n is not None:
+                    n.path = None
+                    gone.append(n)
             return gone
 
     def detach(self, n: Node) -> None:
@@ -104,43 +155,32 @@ class Nodes:
         on its open handles (passthrough: a kernel inode reads one backing file, fuse/passthrough.py)."""
         with self.lock:
             if n.path is not None and self.by_path.get(n.path) is n:
-                del self.by_path[n.path]
+                self._pop(n.path)
 
     def move(self, old: str, new: str) -> None:
         """A rename through the mount: ``old`` and its subtree now live at ``new`` (T3)."""
         with self.lock:
-            victim = self.by_path.pop(new, None)
-            if victim is not None:
-                victim.path = None
-            pre = new + "/"
-            for p in [p for p in self.by_path if p.startswith(pre)]:
-                self.by_path.pop(p).path = None
-            moved = self.by_path.pop(old, None)
-            if moved is not None:
-                moved.path = new
-                self.by_path[new] = moved
-            opre = old + "/"
-            for p in [p for p in self.by_path if p.startswith(opre)]:
-                m = self.by_path.pop(p)
-                m.path = new + p[len(old):]
-                self.by_path[m.path] = m
+            for p in [new, *self._below(new)]:
+                victim = self._pop(p)
+                if victim is not None:
+                    victim.path = None
+            moving = [(p, self._pop(p)) for p in [old, *self._below(old)]]
+            for p, m in moving:
+                if m is not None:
+                    m.path = new + p[len(old):]
+                    self._put(m.path, m)
 
     def exchange(self, a: str, b: str) -> None:
         """RENAME_EXCHANGE: the nodes (and subtrees) at ``a`` and ``b`` swap names."""
         with self.lock:
-            na, nb = self.by_path.pop(a, None), self.by_path.pop(b, None)
-            sub = {p: self.by_path.pop(p) for p in [p for p in self.by_path
-                                                      if p.startswith(a + "/") or p.startswith(b + "/")]}
-            for n, dst in ((na, b), (nb, a)):
-                if n is not None:
-                    n.path = dst
-                    self.by_path[dst] = n
-            for p, m in sub.items():
-                m.path = b + p[len(a):] if p.startswith(a + "/") else a + p[len(b):]
-                self.by_path[m.path] = m
+            sides = [[(p, self._pop(p)) for p in [src, *self._below(src)]] for src in (a, b)]
+            for (src, dst), side in zip(((a, b), (b, a)), sides, strict=True):
+                for p, m in side:
+                    if m is not None:
+                        m.path = dst + p[len(src):]
+                        self._put(m.path, m)
 
     def under(self, path: str) -> list[Node]:
         """Mapped nodes at ``path`` and below it."""
-        pre = path + "/" if path else ""
         with self.lock:
-            return [n for p, n in self.by_path.items() if p == path or p.startswith(pre)]
+            return [n for p in [path, *self._below(path)] if (n := self.by_path.get(p)) is not None]
