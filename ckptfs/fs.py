@@ -510,7 +510,7 @@ class CkptFS:
                 raise _err(errno.ENOENT)
 
         app = bool(flags & os.O_APPEND)
-        return self._new_fh(Handle(path=path, writable=True, appending=app,
+        return self._new_fh(Handle(path=path, writable=True, appending=app, published=True,
                                    version=self._publish_new(path, mode, caller, check, app)))
 
     def _publish_new(self, path: str, mode: int, caller: Caller, check: Callable[[], None],
@@ -569,7 +569,8 @@ class CkptFS:
                         self.arriving[path] -= 1
                         if not self.arriving[path]:
                             del self.arriving[path]
-            return self._new_fh(Handle(path=path, writable=True, appending=app, version=nv, pid=caller.pid))
+            return self._new_fh(Handle(path=path, writable=True, appending=app, version=nv, pid=caller.pid,
+                                       published=True))
         hidden_v = None if writable else self._visible(path)
         if hidden_v is not None and not self.vis.isolated(hidden_v, caller):
             hidden_v = None
@@ -830,6 +831,21 @@ class CkptFS:
         if failed:
             p, e = failed[0]
             raise _err(e.errno or errno.EIO, f"ckptfs: async commit of {p} failed: {e}")
+
+    def abandon(self, fh: int, caller: Caller = NOBODY) -> None:
+        """The adapter refused an open the core had accepted (the kernel's rules, fuse/passthrough.py
+        P2): the application never had ``fh``.  Release it, and never commit a version that this
+        open made and nobody else joined (a create or O_TRUNC that wrote nothing): the committed
+        version stays, as if the open had failed before it started.  (A release would commit it:
+        an O_TRUNC version is dirty.)"""
+        with self.lock:
+            h = self.handles.get(fh)
+            v = h.version if h is not None else None
+            if (h is not None and v is not None and h.published and v.state == staged.OPEN
+                    and v.refs == 1 and v.writers == 1):
+                v.unlinked = True  # never installed: release retires it (UNPUBLISHED event)
+                self.stats["opens_abandoned"] += 1
+        self.release(fh, caller)
 
     def release(self, fh: int, caller: Caller = NOBODY) -> None:
         with self.lock:

@@ -199,6 +199,58 @@ def test_a_writer_meeting_passthrough_readers_gets_a_new_node(tmp_path: Path) ->
         assert stats(m).get("passthrough_node_splits", 0) >= 1
 
 
+def test_rewrites_racing_a_tight_passthrough_reader_all_succeed(tmp_path: Path) -> None:
+    """P4/P5: a reader opening the file in a tight loop (each open may take passthrough) while
+    another process rewrites it in place 100 times: every rewrite succeeds.  (Before P4 a reader
+    given passthrough between the writer's check and its open made the open fail with ESTALE,
+    twice in a row at the VFS's one retry, and the refused O_TRUNC version was published empty.)"""
+    d = tmp_path / "m"
+    d.mkdir()
+    with Mount(d) as m:
+        p = m.path / "model.bin"
+        size = 256 << 10
+        p.write_bytes(bytes([0]) * size)
+        stop = tmp_path / "stop"
+        reader = subprocess.Popen([sys.executable, "-c", (
+            "import os\n"
+            f"p, stop, n = {str(p)!r}, {str(stop)!r}, 0\n"
+            "while not os.path.exists(stop):\n"
+            "    with open(p, 'rb') as f:\n"
+            "        f.read()\n"
+            "    n += 1\n"
+            "print(n)\n")], stdout=subprocess.PIPE, text=True)
+        try:
+            time.sleep(0.5)
+            for gen in range(1, 101):
+                with open(p, "wb") as f:
+                    f.write(bytes([gen]) * size)
+        finally:
+            stop.touch()
+            out, _ = reader.communicate(timeout=60)
+        assert reader.returncode == 0 and int(out) >= 50  # the reader raced the writes
+        assert p.read_bytes() == bytes([100]) * size
+        s = stats(m)
+        assert s.get("passthrough_opens", 0) > 0 and s.get("passthrough_node_splits", 0) > 0
+
+
+def test_fstat_of_an_open_file_works_after_the_daemon_removed_its_name(tmp_path: Path) -> None:
+    """fstat(2) sends no file handle: an open file whose name retention removed (its node is
+    unmapped) still answers from its handle, as natively (st_nlink 0)."""
+    from test_groups import save_hf_like
+
+    d = tmp_path / "m"
+    d.mkdir()
+    with Mount(d, extra_args=[*LONG, "--keep-last", "1"]) as m:
+        save_hf_like(m.path, 1)
+        with open(m.path / "checkpoint-1" / "model.pt", "rb") as f:
+            before = os.fstat(f.fileno())
+            save_hf_like(m.path, 2)  # sealing it rotates checkpoint-1 out
+            assert not (m.path / "checkpoint-1").exists()
+            after = os.fstat(f.fileno())
+            assert after.st_size == before.st_size and after.st_nlink == 0
+            assert len(f.read()) == before.st_size
+
+
 def test_corruption_found_at_open_is_eio_with_passthrough(tmp_path: Path) -> None:
     src, mp = tmp_path / "src", tmp_path / "mnt"
     src.mkdir()

@@ -77,6 +77,7 @@ class Handle:
     appending: bool = False  # opened with O_APPEND (engine/visibility.py)
     pid: int = 0  # the caller that opened it
     direct: bool = False  # bypasses the kernel page cache (fs.CkptFS.direct_io)
+    published: bool = False  # this open made ``version`` (a create, an O_TRUNC): CkptFS.abandon undoes it
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 

@@ -97,6 +97,11 @@ class Ops:
             raise OSError(errno.ENOENT, "stale node")
         return node.path
 
+    def fh_of(self, node: Node) -> int | None:
+        """An open handle of ``node``, if it has one (O(open handles): for nodes whose name went)."""
+        with self.lock:
+            return next((fh for fh, m in self.fh_node.items() if m is node), None)
+
     def child(self, node: Node | None, name: str) -> str:
         return join(self.path_of(node), name)
 
@@ -134,6 +139,8 @@ class Ops:
     def getattr(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
         flags, _, fh = k.GETATTR_IN.unpack_from(body)
         fh_ = fh if flags & k.GETATTR_FH else None
+        if node is not None and node.path is None and fh_ is None:
+            fh_ = self.fh_of(node)  # fstat(2) sends no handle: an open file answers after its name went
         if (node is None or node.path is None) and fh_ not in self.fs.handles:
             raise OSError(errno.ENOENT, "stale node")
         path = node.path if node is not None and node.path is not None else ""  # "": answered by fh_
@@ -270,7 +277,7 @@ class Ops:
             else:
                 oflags, backing = (k.FOPEN_DIRECT_IO if direct else 0), 0
         except OSError:
-            self.fs.release(fh, c)
+            self.fs.abandon(fh, c)  # the application never gets this open: undo what it made
             raise
         with self.lock:
             n.opens += 1
@@ -291,29 +298,38 @@ class Ops:
         flags, _ = k.OPEN_IN.unpack_from(body)
         path = self.path_of(node)
         assert node is not None
-        if self.passthrough is not None and self.passthrough.conflicts(node, flags):
-            raise self.passthrough._stale(node)  # before the core sees it: nothing to undo
-        fh = self.fs.open(path, flags, c)
-        return self._opened(fh, node, c, flags)
+        pt = self.passthrough
+        writer = pt is not None and pt.is_writer(flags)
+        if writer:
+            pt.writer_arrives(node, path)  # ESTALE here, before the core sees it: nothing to undo (P4)
+        try:
+            fh = self.fs.open(path, flags, c)
+            return self._opened(fh, node, c, flags)
+        finally:
+            if writer:
+                pt.writer_done(path)
 
     def create(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
         flags, mode, _umask, _ = k.CREATE_IN.unpack_from(body)
         path = self.child(node, _name(body[k.CREATE_IN.size:]))
-        if self.passthrough is not None:
-            old = self.nodes.at(path)
-            if old is not None and old.pt_opens > 0:
-                self.nodes.detach(old)  # a writer never lands on a node passthrough readers hold (P2)
-        fh = self.fs.create(path, mode, flags, c)
+        pt = self.passthrough
+        if pt is not None:  # a writer never lands on a node passthrough readers hold (P2, P4)
+            pt.writer_arrives(self.nodes.at(path), path, create=True)
         try:
-            st = self.fs.getattr(path, fh, c)
-        except OSError:
-            self.fs.release(fh, c)
-            raise
-        ent = self.entry(path, st)
-        n = self.nodes.at(path)
-        assert n is not None
-        self.pages.decide(fh)  # a writer: the path's cached pages are no longer known clean
-        return [ent, self._opened(fh, n, c, flags, created=True)]
+            fh = self.fs.create(path, mode, flags, c)
+            try:
+                st = self.fs.getattr(path, fh, c)
+            except OSError:
+                self.fs.abandon(fh, c)
+                raise
+            ent = self.entry(path, st)
+            n = self.nodes.at(path)
+            assert n is not None
+            self.pages.decide(fh)  # a writer: the path's cached pages are no longer known clean
+            return [ent, self._opened(fh, n, c, flags, created=True)]
+        finally:
+            if pt is not None:
+                pt.writer_done(path)
 
     def read(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
         fh, offset, size, *_ = k.READ_IN.unpack_from(body)

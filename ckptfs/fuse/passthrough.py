@@ -20,6 +20,15 @@ P2  While a node has passthrough opens, any other open of it fails with EIO in t
     returns a new node id for the name, and the open lands on a fresh kernel inode.  Readers
     already open keep reading the version they opened, as on a native filesystem where the
     writer's file is renamed over it.
+P4  A writer's open reserves its path from before the core sees it until it is answered: no
+    reader of the path is given passthrough meanwhile, so a writer never meets passthrough readers
+    after the core made its version (a reader given passthrough in that gap made the writer's
+    open fail with ESTALE, and the new, empty version was committed at its release: readers
+    then loaded a 0-byte shard; DCP reader race).
+P5  A writer answered ESTALE comes back at once (the VFS repeats the lookup and the open): until
+    then (at most ``RESERVE_SECONDS``) no reader of the name gets passthrough, so the repeated
+    open cannot meet passthrough readers again (the VFS repeats only once: a second ESTALE
+    reaches the application).
 P3  Where registering a backing file fails (no CAP_SYS_ADMIN, a backing filesystem that stacks
     too deep: ELOOP, no kernel support), the open falls back to daemon reads; counted in
     ``user.ckptfs.stats`` (``passthrough_fallbacks``) and logged once.
@@ -32,6 +41,7 @@ import fcntl
 import logging
 import os
 import threading
+import time
 
 from ckptfs.fuse import kernel as k
 from ckptfs.fuse.nodes import Node
@@ -40,6 +50,7 @@ from ckptfs.fuse.ops import Ops
 log = logging.getLogger("ckptfs.fuse.passthrough")
 
 CACHED, DIRECT, PASSTHROUGH = "cached", "direct", "passthrough"
+RESERVE_SECONDS = 10.0  # P5: how long a name stays reserved for a writer answered ESTALE
 
 
 class Passthrough:
@@ -50,27 +61,72 @@ class Passthrough:
         self.lock = threading.Lock()
         self.mode: dict[int, tuple[Node, str]] = {}  # fh -> (node, io mode)
         self.warned = False
+        self.writing: dict[str, int] = {}  # P4: path -> writers' opens in progress
+        self.reserved: dict[str, float] = {}  # P5: path -> until when (monotonic)
 
     def install(self) -> None:
         self.ops.passthrough = self
 
     # ------------------------------------------------------------ open / release
-    def conflicts(self, node: Node, flags: int) -> bool:
-        """Whether an open with ``flags`` of ``node`` cannot be served on it (P2): a writer while
-        passthrough readers hold it.  The caller detaches the node and answers ESTALE."""
-        return node.pt_opens > 0 and ((flags & os.O_ACCMODE) != os.O_RDONLY or bool(flags & os.O_TRUNC))
+    @staticmethod
+    def is_writer(flags: int) -> bool:
+        """An open that makes a new version (write access or O_TRUNC): it never shares a node
+        with passthrough readers (P2)."""
+        return (flags & os.O_ACCMODE) != os.O_RDONLY or bool(flags & os.O_TRUNC)
+
+    def writer_arrives(self, node: Node | None, path: str, create: bool = False) -> None:
+        """Before the core sees a writer's open of ``path`` (``node``: the node it names, if any):
+        from now until :meth:`writer_done`, no open of ``path`` is given passthrough (P4), so the
+        writer can never find passthrough readers on its node once the core made its version.
+        Passthrough readers already on the node (P2): the node is detached and, for an OPEN, the
+        writer is answered ESTALE; the name stays writer-reserved (P5) until the writer's repeated
+        open arrives.  A CREATE lands on a new node anyway (its reply names one)."""
+        with self.lock:
+            if node is not None and node.pt_opens > 0:
+                if not create:
+                    self.reserved[path] = time.monotonic() + RESERVE_SECONDS
+                    raise self._stale(node)
+                self.ops.nodes.detach(node)
+            self.writing[path] = self.writing.get(path, 0) + 1
+
+    def writer_done(self, path: str) -> None:
+        """The writer's open of ``path`` was answered (either way): readers may use passthrough
+        on nodes the writer does not hold (``choose`` still keeps modes exclusive per node)."""
+        with self.lock:
+            left = self.writing.get(path, 0) - 1
+            if left > 0:
+                self.writing[path] = left
+            else:
+                self.writing.pop(path, None)
+            self.reserved.pop(path, None)
+
+    def _held_for_writer(self, path: str | None) -> bool:
+        """(lock held) P4/P5: a writer of ``path`` is arriving, or was told to look it up again."""
+        if path is None:
+            return False
+        if path in self.writing:
+            return True
+        until = self.reserved.get(path)
+        if until is None:
+            return False
+        if time.monotonic() < until:
+            return True
+        del self.reserved[path]  # the writer never came back (it gave up): readers may share again
+        return False
 
     def choose(self, fh: int, node: Node, direct: bool) -> tuple[int, int]:
-        """(open flags, backing id) for handle ``fh`` just opened on ``node``; raises ESTALE (P2)."""
+        """(open flags, backing id) for handle ``fh`` just opened on ``node``; raises ESTALE (P2)
+        where the node cannot serve it (the adapter then abandons the core's handle)."""
         fd = self.fs.passthrough_fd(fh)
         with self.lock:
             if fd is None and node.pt_opens > 0:
                 raise self._stale(node)
-            if fd is not None and node.cached_opens == 0 and node.direct_opens == 0:
+            if (fd is not None and node.cached_opens == 0 and node.direct_opens == 0
+                    and not (node.pt_opens == 0 and self._held_for_writer(node.path))):
                 st = os.fstat(fd)
                 key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
                 if node.pt_opens > 0 and node.pt_key != key:
-                    raise self._stale(node, writer=False)  # a reader of a newer version
+                    raise self._stale(node)  # a reader of a newer version
                 if node.pt_opens == 0:
                     bid = self._register(fd)
                     if bid is not None:

@@ -93,7 +93,8 @@ def read(kind: str, path: str, stopfile: str, out: str) -> None:
                 # and MODE=new the directory: no checkpoint there until the save ends, natively too
                 rep["absent"] += 1
                 continue
-            rep["errors"].append(f"{type(e).__name__}: {str(e)[:200]}")
+            msg = str(e)  # DCP's CheckpointException carries the rank's traceback: keep its last lines
+            rep["errors"].append(f"{type(e).__name__}: {msg[:200]}" + (f" ... {msg[-400:]}" if len(msg) > 200 else ""))
             continue
         rep["loads"] += 1
         g = generation(sd)
