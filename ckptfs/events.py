@@ -35,8 +35,11 @@ RENAMED = "renamed"  # path moved to dst
 RELEASED = "released"  # a directory stopped being a group (no checkpoint in it): an ordinary directory again
 OPENED = "opened"  # a directory became an open group: what it shows is checked on access from now on (torn)
 CORRUPT = "corrupt"  # a committed file found corrupt: reads fail, or a kept generation is served instead
+# a checkpoint file's O_TRUNC rewrite begins: from now until it is sealed other processes see the
+# committed version (V1), and the path answers per caller (emitted on the writer's request thread)
+REWRITING = "rewriting"
 KINDS = (PUBLISHED, UNPUBLISHED, SEALED, QUARANTINED, REMOVED, RESTORED, ROLLED_BACK, RENAMED, RELEASED, OPENED,
-         CORRUPT)
+         CORRUPT, REWRITING)
 
 
 @dataclass(frozen=True)

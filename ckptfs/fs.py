@@ -192,6 +192,7 @@ class CkptFS:
         self.isolate_writers = os.environ.get("CKPTFS_WRITER_DIRECT_IO", "1") != "0"
         self.killing_signal = procinfo.killing_signal  # is a closing process dying? (a seam for the model checker)
         self.arriving: dict[str, int] = {}  # checkpoint paths an O_TRUNC rewrite is about to start at
+        self.arriving_by: dict[str, list[int]] = {}  # ... and the processes (tgids) starting them
         # verify-on-read, on demand and in the background (integrity/reads.py)
         self.integrity = Integrity(store, self.records, self.gens, self.commit_lock, self.stats, self.grp.note_corrupt,
                                    on_corrupt=on_corrupt, scrub_interval=scrub_interval,
@@ -258,6 +259,34 @@ class CkptFS:
             return None
         return v
 
+    def isolated(self, path: str, caller: Caller) -> bool:
+        """Whether ``caller`` sees the committed version of ``path`` while another process writes
+        a new one (V1): the native transport then hands it the path's reader node (fuse/nodes.py T5).
+        The same from the moment an O_TRUNC rewrite starts draining readers (``arriving``) until
+        its version is published: the committed version is what everyone but the writer sees, and
+        the writer's truncation is about to reach the kernel inode the path's lookups returned."""
+        v = self._visible(path)
+        if v is not None:
+            return self.vis.isolated(v, caller)
+        if caller.pid <= 0 or path not in self.arriving_by:  # unlocked peek: the common case
+            return False
+        with self.lock:
+            by = set(self.arriving_by.get(path, ()))
+        return bool(by) and Visibility.family(by, caller.pid) == "other"
+
+    def rewriting(self, path: str) -> bool:
+        """Whether a version of ``path`` is open (or an O_TRUNC rewrite is starting) that some
+        callers are isolated from (V1)."""
+        if path in self.arriving:
+            return True
+        v = self._visible(path)
+        return (v is not None and v.state == staged.OPEN and not v.appending
+                and self.vis.checkpoint_file(v.path))
+
+    def isolates(self, path: str) -> bool:
+        """Whether a rewrite of ``path`` hides from other processes until it is sealed (V1)."""
+        return self.isolate_writers and self.vis.checkpoint_file(self.norm(path))
+
     def volatile(self, path: str) -> bool:
         """Whether the kernel must not cache the entry or attributes of ``path`` (the native
         transport's timeouts, fuse/ops.py): what it shows depends on who asks (an open or queued
@@ -284,8 +313,11 @@ class CkptFS:
         pre = path + "/" if path else ""
         return any(p.startswith(pre) for p in (*self.pending, *self.queued))
 
-    def _new_fh(self, h: Handle) -> int:
+    def _new_fh(self, h: Handle, decide: Callable[[Handle], None] | None = None) -> int:
+        """Register ``h``; ``decide(h)`` runs under ``lock`` just before, atomically with it."""
         with self.lock:
+            if decide is not None:
+                decide(h)
             fh = self._next_fh
             self._next_fh += 1
             self.handles[fh] = h
@@ -567,8 +599,9 @@ class CkptFS:
                 if drain:
                     with self.lock:
                         self.arriving[path] -= 1
+                        self.arriving_by[path].remove(procinfo.tgid(caller.pid) if caller.pid > 0 else 0)
                         if not self.arriving[path]:
-                            del self.arriving[path]
+                            del self.arriving[path], self.arriving_by[path]
             return self._new_fh(Handle(path=path, writable=True, appending=app, version=nv, pid=caller.pid,
                                        published=True))
         hidden_v = None if writable else self._visible(path)
@@ -592,10 +625,14 @@ class CkptFS:
         fd, chk = self.integrity.open_committed(path, self.store.open(path, os.O_RDONLY))  # EIO if corrupt
         self.integrity.bind(fd, chk)
         # a reader of a checkpoint file another process is rewriting reads past the kernel's page
-        # cache and its size, which belong to the path's inode the writer shares (V1)
-        direct = not writable and (hidden_v is not None or path in self.arriving)
-        return self._new_fh(Handle(path=path, writable=writable, appending=app, fd=fd, pid=caller.pid,
-                                   direct=direct))
+        # cache and its size, which belong to the path's inode the writer shares (V1).  Decided
+        # atomically with the handle's registration: a rewrite's drain either sees this handle or
+        # finds ``arriving`` set here (else a page-cache reader could slip past the drain)
+        def decide(h: Handle) -> None:
+            h.direct = not writable and (hidden_v is not None or path in self.arriving)
+
+        return self._new_fh(Handle(path=path, writable=writable, appending=app, fd=fd, pid=caller.pid),
+                            decide)
 
     def _open_hidden(self, path: str, flags: int, caller: Caller) -> int:
         """Open of a file libfuse has just hidden (``.fuse_hidden*``): the kernel looked the name up
@@ -624,6 +661,8 @@ class CkptFS:
         cached reads would be cut at the size the kernel learns from the writer, V1)."""
         with self.lock:
             self.arriving[path] = self.arriving.get(path, 0) + 1
+            self.arriving_by.setdefault(path, []).append(procinfo.tgid(caller.pid) if caller.pid > 0 else 0)
+        self.events.emit(events.REWRITING, path)  # isolation (V1) starts now, before any truncation
         deadline = time.monotonic() + READER_DRAIN_SECONDS
         me = procinfo.tgid(caller.pid) if caller.pid > 0 else 0
         waited = False

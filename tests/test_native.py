@@ -72,7 +72,7 @@ def test_every_event_kind_invalidates_the_path_its_subtree_and_parent(kind: str)
     makes on its own).  Fails if a kind is skipped."""
     ops = Ops(_FakeFS(), timeout=3600)  # type: ignore[arg-type]
     for p in ("run", "run/ckpt-1", "run/ckpt-1/model.pt", "run/ckpt-1/sub", "run/ckpt-1/sub/x", "other"):
-        ops.nodes.looked_up(p)
+        ops.nodes.looked_up(p).entry_cached = True
     nid = {p: n.nid for p, n in ops.nodes.by_path.items()}
     note = Notifier(-1, ops)
     note.on_event(events.Event(kind, "run/ckpt-1", dst="run/ckpt-2" if kind == events.RENAMED else ""))
@@ -82,8 +82,10 @@ def test_every_event_kind_invalidates_the_path_its_subtree_and_parent(kind: str)
     inodes = {p for c, p in got if c == k.NOTIFY_INVAL_INODE}
     assert {nid["run"], nid["run/ckpt-1"], nid["run/ckpt-1/model.pt"], nid["run/ckpt-1/sub/x"]} <= inodes
     assert nid["other"] not in inodes
-    daemon_made = kind not in (events.PUBLISHED, events.SEALED, events.RENAMED)
+    daemon_made = kind not in (events.PUBLISHED, events.SEALED, events.RENAMED, events.REWRITING)
     assert ((k.NOTIFY_INC_EPOCH, 0) in got) == daemon_made
+    # REWRITING: a cached dentry of the writer's node is dropped at once, on the writer's thread
+    assert note.epochs_now == (1 if kind == events.REWRITING else 0)
     if kind in (events.QUARANTINED, events.REMOVED):  # the name's next lookup is a new node
         assert ops.nodes.at("run/ckpt-1") is None and ops.nodes.at("run/ckpt-1/model.pt") is None
 
@@ -231,6 +233,84 @@ def test_rewrites_racing_a_tight_passthrough_reader_all_succeed(tmp_path: Path) 
         assert p.read_bytes() == bytes([100]) * size
         s = stats(m)
         assert s.get("passthrough_opens", 0) > 0 and s.get("passthrough_node_splits", 0) > 0
+
+
+def test_a_reader_racing_rewrites_sees_whole_committed_versions_only(tmp_path: Path) -> None:
+    """T5 (reader nodes): a reader opening, fstat-ing and reading the file in a tight loop while
+    another process rewrites it in place 100 times sees whole committed versions only: the size
+    and the bytes of one version.  (Sharing the writer's kernel inode, a reader's fstat and
+    cached reads saw the size the writer's O_TRUNC set: 0.)"""
+    d = tmp_path / "m"
+    d.mkdir()
+    with Mount(d) as m:
+        p = m.path / "model.bin"
+        size = 256 << 10
+        p.write_bytes(bytes([0]) * size)
+        stop = tmp_path / "stop"
+        reader = subprocess.Popen([sys.executable, "-c", (
+            "import os, sys, json\n"
+            f"p, stop, size = {str(p)!r}, {str(stop)!r}, {size}\n"
+            "bad, n = [], 0\n"
+            "while not os.path.exists(stop):\n"
+            "    with open(p, 'rb') as f:\n"
+            "        st = os.fstat(f.fileno())\n"
+            "        b = f.read()\n"
+            "    n += 1\n"
+            "    if len(b) != size or st.st_size != size or b.count(b[:1]) != size:\n"
+            "        bad.append((len(b), st.st_size))\n"
+            "print(json.dumps({'n': n, 'bad': bad[:5], 'nbad': len(bad)}))\n")],
+            stdout=subprocess.PIPE, text=True)
+        try:
+            time.sleep(0.5)
+            # the writer is the reader's sibling, not its parent: a writer's descendants see its writes (V1)
+            subprocess.run([sys.executable, "-c", (
+                f"for gen in range(1, 101):\n"
+                f"    with open({str(p)!r}, 'wb') as f:\n"  # O_TRUNC: the committed version stays visible
+                f"        f.write(bytes([gen]) * {size})\n")], check=True, timeout=120)
+        finally:
+            stop.touch()
+            out, _ = reader.communicate(timeout=60)
+        rep = json.loads(out)
+        assert rep["nbad"] == 0, rep
+        assert rep["n"] >= 50, rep  # the reader raced the writes
+        assert p.read_bytes() == bytes([100]) * size
+        s = stats(m)
+        assert s.get("reader_node_opens", 0) > 0 and s.get("passthrough_opens", 0) > 0, s
+
+
+def test_a_cached_mmap_reader_keeps_its_pages_through_a_rewrite(tmp_path: Path) -> None:
+    """P6: a reader that mapped the file through the page cache (it opened while a writer's handle
+    was open, so no passthrough) keeps reading the version it mapped while another process
+    rewrites the file: the rewrite lands on a new kernel inode.  (Before, the rewrite waited 2 s
+    for the reader to close, then truncated the inode under the mapping: SIGBUS.)"""
+    d = tmp_path / "m"
+    d.mkdir()
+    with Mount(d) as m:
+        p = m.path / "model.bin"
+        size = 4 << 20
+        p.write_bytes(b"\x01" * size)
+        go, ready = tmp_path / "go", tmp_path / "ready"
+        with open(p, "r+b"):  # a writer's handle is open: the reader's open gets the page cache
+            reader = subprocess.Popen([sys.executable, "-c", (
+                "import mmap, os, time\n"
+                f"f = open({str(p)!r}, 'rb')\n"
+                "mm = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)\n"
+                f"open({str(ready)!r}, 'w').close()\n"
+                f"while not os.path.exists({str(go)!r}): time.sleep(0.01)\n"
+                f"assert mm[:] == b'\\x01' * {size}, 'mixed'\n"
+                "print('ok')\n")], stdout=subprocess.PIPE, text=True)
+            deadline = time.monotonic() + 60
+            while not ready.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        try:
+            subprocess.run([sys.executable, "-c", f"open({str(p)!r}, 'wb').write(b'\\x02' * {size // 2})"],
+                           check=True, timeout=60)
+            assert p.read_bytes() == b"\x02" * (size // 2)
+        finally:
+            go.touch()
+            out, _ = reader.communicate(timeout=60)
+        assert reader.returncode == 0 and out.strip() == "ok", (reader.returncode, out)
+        assert stats(m).get("passthrough_node_splits", 0) >= 1
 
 
 def test_fstat_of_an_open_file_works_after_the_daemon_removed_its_name(tmp_path: Path) -> None:

@@ -27,6 +27,10 @@ N = 30
     ("torch", "model.pt", "new"),
     ("safetensors", "model.safetensors", "inplace"),
     ("dcp", "step_1", "inplace"),  # DCP shards (__0_0.distcp) inside a checkpoint group
+    # mmap readers (native transport): they hold the path's reader node, never the writer's kernel
+    # inode (fuse/nodes.py T5): no SIGBUS from its truncation, no ENODEV from direct I/O
+    ("torch-mmap", "model.pt", "inplace"),
+    ("npy-mmap", "model.npy", "inplace"),
 ])
 def test_reader_never_sees_a_save_in_progress(mnt: Mount, tmp_path: Path, kind: str, rel: str, mode: str) -> None:
     rep = race(mnt.path, tmp_path, kind, rel, mode, N)

@@ -94,7 +94,12 @@ class Visibility:
         """How the process of thread ``pid`` (FUSE reports the calling thread) relates to v:
         ``writer`` (it opened or wrote v), ``descendant`` (a child, grandchild... of a writer:
         it shares the writer's open file or inherited it), or ``other``."""
-        writers = {procinfo.tgid(p) for p in list(v.writer_pids)}
+        return Visibility.family({procinfo.tgid(p) for p in list(v.writer_pids)}, pid)
+
+    @staticmethod
+    def family(writers: set[int], pid: int) -> str:
+        """How thread ``pid`` relates to the processes ``writers`` (tgids): ``writer``,
+        ``descendant`` or ``other`` (see :meth:`relation`)."""
         me = procinfo.tgid(pid)
         if me in writers:
             return "writer"

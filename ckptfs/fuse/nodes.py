@@ -14,6 +14,13 @@ T2  ``by_path[p].path == p`` for every mapped path; a node whose name went away 
     longer ``by_path[path]``: the name's next lookup makes a new node.
 T3  A rename through the mount moves the node and every mapped node below it.
 T4  (the child index, :class:`Nodes`) subtree operations find exactly the mapped paths below.
+T5  *Reader nodes* (V1 on the native transport): while a checkpoint file has a new version open,
+    a lookup by a process isolated from it (``CkptFS.isolated``) returns the path's reader node,
+    one per path in ``readers``, never ``by_path[path]`` (the writer's).  So the writer's
+    truncation and writes change the size and pages of a kernel inode no isolated reader holds:
+    their ``fstat``, reads, passthrough and mmap see the committed version, as with a native
+    tmp + rename.  A reader node is unmapped with its name (unlink, rename, removal) and by
+    :meth:`drop_reader` once nobody is isolated any more; its open handles keep answering.
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ class Node:
     pt_opens: int = 0  # passthrough opens; they share one backing id (one per kernel inode)
     pt_backing: int = 0
     pt_key: tuple = ()  # identity of the backing file they read (st_dev, st_ino, size, mtime, ctime)
+    reader: bool = False  # a reader node (T5): only isolated readers of the committed version hold it
+    entry_cached: bool = False  # the kernel may hold a dentry for it with a timeout (ops.Ops.entry)
 
 
 def join(parent: str, name: str) -> str:
@@ -63,6 +72,7 @@ class Nodes:
         self.by_id: dict[int, Node] = {ROOT_ID: root}
         self.by_path: dict[str, Node] = {"": root}
         self.kids: dict[str, set[str]] = {}
+        self.readers: dict[str, Node] = {}  # T5: path -> its reader node (few: paths being rewritten)
         self._next = ROOT_ID + 1
 
     # -- the index (callers hold self.lock) --
@@ -107,6 +117,20 @@ class Nodes:
                 stack.append(c)
         return out
 
+    def _drop_readers(self, path: str, subtree: bool) -> list[Node]:
+        """(lock held) Unmap the reader nodes at ``path`` (and below it)."""
+        if not self.readers:
+            return []
+        pre = path + "/" if path else ""
+        hit = [p for p in self.readers if p == path or p.startswith(pre)] if subtree else (
+            [path] if path in self.readers else [])
+        gone = []
+        for p in hit:
+            r = self.readers.pop(p)
+            r.path = None
+            gone.append(r)
+        return gone
+
     # -- the operations --
 
     def get(self, nid: int) -> Node | None:
@@ -127,6 +151,27 @@ class Nodes:
             n.nlookup += 1
             return n
 
+    def reader_looked_up(self, path: str) -> Node:
+        """The reader node of ``path`` (T5), made at the first isolated lookup, lookup count + 1."""
+        with self.lock:
+            n = self.readers.get(path)
+            if n is None:
+                n = Node(self._next, path, reader=True)
+                self._next += 1
+                self.by_id[n.nid] = n
+                self.readers[path] = n
+            n.nlookup += 1
+            return n
+
+    def drop_reader(self, path: str) -> Node | None:
+        """Nobody is isolated from ``path`` any more: its next lookups return ``by_path[path]``;
+        the reader node stays for its open handles and the kernel's references (T5)."""
+        if path not in self.readers:  # unlocked peek: the common case costs one dict lookup
+            return None
+        with self.lock:
+            gone = self._drop_readers(path, False)
+            return gone[0] if gone else None
+
     def forget(self, nid: int, count: int) -> None:
         with self.lock:
             n = self.by_id.get(nid)
@@ -135,14 +180,17 @@ class Nodes:
             n.nlookup -= count
             if n.nlookup <= 0 and n.opens <= 0:
                 del self.by_id[nid]
-                if n.path is not None and self.by_path.get(n.path) is n:
+                if n.reader:
+                    if n.path is not None and self.readers.get(n.path) is n:
+                        del self.readers[n.path]
+                elif n.path is not None and self.by_path.get(n.path) is n:
                     self._pop(n.path)
 
     def unmap(self, path: str, subtree: bool = False) -> list[Node]:
         """The name ``path`` (and, with ``subtree``, every name below it) is gone (T2)."""
         with self.lock:
             below = self._below(path) if subtree else []
-            gone = []
+            gone = self._drop_readers(path, subtree)
             for p in [path, *below]:
                 n = self._pop(p)
                 if n is not None:
@@ -154,12 +202,18 @@ class Nodes:
         """Give ``n``'s name a fresh node at the next lookup; ``n`` keeps its path for requests
         on its open handles (passthrough: a kernel inode reads one backing file, fuse/passthrough.py)."""
         with self.lock:
-            if n.path is not None and self.by_path.get(n.path) is n:
+            if n.reader:
+                if n.path is not None and self.readers.get(n.path) is n:
+                    del self.readers[n.path]  # keeps its path: its handles' requests name it
+            elif n.path is not None and self.by_path.get(n.path) is n:
                 self._pop(n.path)
 
     def move(self, old: str, new: str) -> None:
-        """A rename through the mount: ``old`` and its subtree now live at ``new`` (T3)."""
+        """A rename through the mount: ``old`` and its subtree now live at ``new`` (T3); reader
+        nodes of either side are unmapped (T5: the names they were isolated at are gone)."""
         with self.lock:
+            self._drop_readers(old, True)
+            self._drop_readers(new, True)
             for p in [new, *self._below(new)]:
                 victim = self._pop(p)
                 if victim is not None:
@@ -173,6 +227,8 @@ class Nodes:
     def exchange(self, a: str, b: str) -> None:
         """RENAME_EXCHANGE: the nodes (and subtrees) at ``a`` and ``b`` swap names."""
         with self.lock:
+            self._drop_readers(a, True)
+            self._drop_readers(b, True)
             sides = [[(p, self._pop(p)) for p in [src, *self._below(src)]] for src in (a, b)]
             for (src, dst), side in zip(((a, b), (b, a)), sides, strict=True):
                 for p, m in side:
@@ -181,6 +237,10 @@ class Nodes:
                         self._put(m.path, m)
 
     def under(self, path: str) -> list[Node]:
-        """Mapped nodes at ``path`` and below it."""
+        """Mapped nodes at ``path`` and below it, reader nodes included."""
+        pre = path + "/" if path else ""
         with self.lock:
-            return [n for p in [path, *self._below(path)] if (n := self.by_path.get(p)) is not None]
+            got = [n for p in [path, *self._below(path)] if (n := self.by_path.get(p)) is not None]
+            if self.readers:
+                got += [r for p, r in self.readers.items() if p == path or p.startswith(pre)]
+            return got

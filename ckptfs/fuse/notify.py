@@ -10,7 +10,10 @@ event is turned into notifications on the device fd:
   and at the next open that does not keep the cache (``fuse/pagecache.py``);
 * ``FUSE_NOTIFY_INC_EPOCH`` when a name may now resolve differently for a reason the kernel did
   not see (a group quarantined, removed, restored, rolled back, found corrupt, opened): every
-  dentry from before, negative ones included, is looked up again at its next use.
+  dentry from before, negative ones included, is looked up again at its next use;
+* for ``REWRITING`` (a checkpoint file's rewrite begins: lookups by other processes now return
+  the path's reader node, nodes.py T5) that epoch bump is written at once, on the writer's
+  request thread, before the core truncates anything.
 
 Neither takes a lock in the kernel.  ``FUSE_NOTIFY_INVAL_ENTRY`` (and page invalidation) would:
 the parent directory's inode lock, which a CREATE in flight holds; a daemon killed while its
@@ -56,11 +59,13 @@ class Notifier:
         self.thread: threading.Thread | None = None
         self._unsub: Callable[[], None] | None = None
         self.sent = 0
+        self.epochs_now = 0  # epoch bumps sent on a request's thread (epoch_now)
 
     def start(self, hub: events.Events) -> None:
         self._unsub = hub.subscribe(self.on_event)
         self.ops.invalidate = self.inode
         self.ops.invalidate_now = self.inode_now
+        self.ops.epoch_now = self.epoch_now
         self.thread = threading.Thread(target=self._run, name="ckptfs-notify", daemon=True)
         self.thread.start()
 
@@ -81,11 +86,26 @@ class Notifier:
         in the kernel, so this is safe on the request's own thread."""
         self._send(k.NOTIFY_INVAL_INODE, n.nid)
 
+    def epoch_now(self) -> None:
+        """Make every cached dentry be looked up again at its next use, before the current
+        request is answered (a writer's open made a name resolve per caller: nodes.py T5).
+        INC_EPOCH only bumps a counter in the kernel: safe on the request's own thread."""
+        self.epochs_now += 1
+        self._send(k.NOTIFY_INC_EPOCH, 0)
+
     # ------------------------------------------------------------ events -> notifications
     def on_event(self, ev: events.Event) -> None:
         """Subscriber: runs on the thread that made the change (engine locks possibly held):
         only looks nodes up and enqueues."""
         nodes = self.ops.nodes
+        if ev.kind == events.REWRITING:
+            n = nodes.at(ev.path)
+            if n is not None and n.entry_cached:
+                # (on the writer's request thread, before the core truncates anything) other
+                # processes' cached dentries of the writer's node are looked up again and return
+                # the reader node from now on (nodes.py T5); INC_EPOCH takes no lock
+                n.entry_cached = False
+                self.epoch_now()
         paths = [ev.path] + ([ev.dst] if ev.kind == events.RENAMED and ev.dst else [])
         for path in paths:
             if path:

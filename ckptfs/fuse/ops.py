@@ -75,10 +75,12 @@ class Ops:
         self.dir_path: dict[int, str] = {}
         self._next_dh = 1
         self._hidectr = 0
+        self._redirected: dict[int, int] = {}  # thread -> node id its last open was redirected from
         self.lock = threading.Lock()
         self.passthrough: Any = None  # fuse/passthrough.Passthrough once negotiated at INIT
         self.invalidate: Callable[[Node], None] = lambda n: None  # fuse/notify.Notifier.inode
         self.invalidate_now: Callable[[Node], None] = lambda n: None  # fuse/notify.Notifier.inode_now
+        self.epoch_now: Callable[[], None] = lambda: None  # fuse/notify.Notifier.epoch_now
         self.table: dict[int, Callable[[Node | None, int, Caller, memoryview], Any]] = {
             k.LOOKUP: self.lookup, k.GETATTR: self.getattr, k.SETATTR: self.setattr,
             k.READLINK: self.readlink, k.SYMLINK: self.symlink, k.MKNOD: self.mknod, k.MKDIR: self.mkdir,
@@ -113,14 +115,16 @@ class Ops:
             return 0.0  # another name of this file is another node: its attributes would go stale
         return self.timeout
 
-    def entry(self, path: str, st: dict[str, Any]) -> bytes:
-        n = self.nodes.looked_up(path)
-        a = k.sec_nsec(self.ttl(path, st))
+    def entry(self, path: str, st: dict[str, Any], reader: bool = False) -> bytes:
+        n = self.nodes.reader_looked_up(path) if reader else self.nodes.looked_up(path)
+        a = k.sec_nsec(0.0 if reader else self.ttl(path, st))  # a reader node is never cached (T5)
         e = a if self.entry_cache else (0, 0)
+        if e != (0, 0):
+            n.entry_cached = True
         return k.ENTRY_OUT.pack(n.nid, 0, e[0], a[0], e[1], a[1], *k.pack_attr(st))
 
-    def attr(self, path: str, st: dict[str, Any]) -> bytes:
-        t = k.sec_nsec(self.ttl(path, st))
+    def attr(self, path: str, st: dict[str, Any], reader: bool = False) -> bytes:
+        t = k.sec_nsec(0.0 if reader else self.ttl(path, st))
         return k.ATTR_OUT.pack(t[0], t[1], 0, *k.pack_attr(st))
 
     # ------------------------------------------------------------ names
@@ -134,18 +138,25 @@ class Ops:
                 t = k.sec_nsec(self.timeout)
                 return k.ENTRY_OUT.pack(0, 0, t[0], 0, t[1], 0, *k.pack_attr({}))
             raise
+        if self.fs.isolated(path, c):
+            self.fs.stats["reader_node_lookups"] += 1
+            return self.entry(path, st, reader=True)  # T5: not the writer's kernel inode
+        if path in self.nodes.readers and not self.fs.rewriting(path):
+            self.nodes.drop_reader(path)
         return self.entry(path, st)
 
     def getattr(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
         flags, _, fh = k.GETATTR_IN.unpack_from(body)
         fh_ = fh if flags & k.GETATTR_FH else None
-        if node is not None and node.path is None and fh_ is None:
-            fh_ = self.fh_of(node)  # fstat(2) sends no handle: an open file answers after its name went
+        if node is not None and fh_ is None and (node.path is None or node.reader):
+            # fstat(2) sends no handle: an open file answers from it after its name went, and a
+            # reader node for the version its readers opened (T5)
+            fh_ = self.fh_of(node)
         if (node is None or node.path is None) and fh_ not in self.fs.handles:
             raise OSError(errno.ENOENT, "stale node")
         path = node.path if node is not None and node.path is not None else ""  # "": answered by fh_
         st = self.fs.getattr(path, fh_, c)
-        return self.attr(path, st)
+        return self.attr(path, st, reader=node is not None and node.reader)
 
     def setattr(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
         (valid, _, fh, size, _lo, atime, mtime, _ct, atimens, mtimens, _ctn, mode, _u4, uid, gid,
@@ -270,7 +281,8 @@ class Ops:
     def _opened(self, fh: int, n: Node, c: Caller, flags: int, created: bool = False) -> bytes:
         """The OPEN reply for new handle ``fh`` on ``n``: direct I/O, passthrough or cached (with
         keep_cache where the page-cache rule allows).  On an error the handle is released."""
-        direct = self.fs.direct_io(fh)
+        # a reader node is never shared with a writer (T5): no need to bypass the page cache
+        direct = self.fs.direct_io(fh) and not n.reader
         try:
             if self.passthrough is not None:
                 oflags, backing = self.passthrough.choose(fh, n, direct)
@@ -282,11 +294,19 @@ class Ops:
         with self.lock:
             n.opens += 1
             self.fh_node[fh] = n
+        if n.reader:
+            self.fs.stats["reader_node_opens"] += 1
         if flags & os.O_ACCMODE != os.O_RDONLY:
             # a new version is open: attributes other processes had cached with a long timeout
             # must be asked again (they get the committed ones while it is open: V1, ttl 0)
             self.invalidate(n)
-        if not oflags & (k.FOPEN_DIRECT_IO | k.FOPEN_PASSTHROUGH) and self.pages.decide(fh):
+            if n.entry_cached and not n.reader and self.fs.rewriting(n.path or ""):
+                # and their cached dentries must be looked up again, before this open is answered:
+                # their next lookup returns the reader node (T5), not this writer's.  (An O_TRUNC
+                # rewrite did this already when it began: the REWRITING event, fuse/notify.py)
+                n.entry_cached = False
+                self.epoch_now()
+        if not oflags & (k.FOPEN_DIRECT_IO | k.FOPEN_PASSTHROUGH) and not n.reader and self.pages.decide(fh):
             oflags |= k.FOPEN_KEEP_CACHE
         if not created and flags & os.O_ACCMODE == os.O_RDONLY and not flags & os.O_TRUNC:
             # CkptFS.flush does nothing for a reader: no round trip at close.  Never for a create,
@@ -299,15 +319,48 @@ class Ops:
         path = self.path_of(node)
         assert node is not None
         pt = self.passthrough
-        writer = pt is not None and pt.is_writer(flags)
+        writes = flags & os.O_ACCMODE != os.O_RDONLY or bool(flags & os.O_TRUNC)  # a new version
+        writer = writes and pt is not None
         if writer:
-            pt.writer_arrives(node, path)  # ESTALE here, before the core sees it: nothing to undo (P4)
+            # ESTALE here, before the core sees it: nothing to undo (P4, P6)
+            pt.writer_arrives(node, path, isolate=self.fs.isolates(path), tid=c.pid)
+        last = self._last_redirect(c) if not writes else None
+        if not writes and self._redirect(node, last, self.fs.isolated(path, c), c):
+            raise OSError(errno.ESTALE, "isolated reader: look the name up again (reader node)")
         try:
             fh = self.fs.open(path, flags, c)
+            if not writes and self.fs.direct_io(fh) and self._redirect(node, last, self.fs.isolated(path, c), c):
+                # a rewrite began between the check above and the core's open, which isolated
+                # this reader (a direct I/O handle of the committed version): it goes to the reader node
+                self.fs.abandon(fh, c)
+                raise OSError(errno.ESTALE, "isolated reader: look the name up again (reader node)")
             return self._opened(fh, node, c, flags)
         finally:
             if writer:
                 pt.writer_done(path)
+
+    def _last_redirect(self, c: Caller) -> int | None:
+        """The node the last open of thread ``c.pid`` was redirected from, if that was its last
+        open; every read-only open ends the record, so only the VFS's repeat finds it."""
+        if not self._redirected:
+            return None
+        with self.lock:
+            return self._redirected.pop(c.pid, None)
+
+    def _redirect(self, node: Node, last: int | None, isolated: bool, c: Caller) -> bool:
+        """Whether a read-only open on the writer's node comes from a caller ``isolated`` from the
+        version being written (it looked the name up just before the rewrite began): answered
+        ESTALE, the VFS repeats the lookup, which returns the reader node (T5).  Never twice in a
+        row for one thread and node (``last``): that is the VFS's one repeat, and a second ESTALE
+        would reach the application (the thread is served on the writer's node instead)."""
+        if node.reader or not isolated or last == node.nid:
+            return False
+        with self.lock:
+            if len(self._redirected) > 4096:
+                self._redirected.clear()  # threads that never opened again
+            self._redirected[c.pid] = node.nid
+        self.fs.stats["reader_node_redirects"] += 1
+        return True
 
     def create(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
         flags, mode, _umask, _ = k.CREATE_IN.unpack_from(body)

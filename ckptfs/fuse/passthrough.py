@@ -29,6 +29,8 @@ P5  A writer answered ESTALE comes back at once (the VFS repeats the lookup and 
     then (at most ``RESERVE_SECONDS``) no reader of the name gets passthrough, so the repeated
     open cannot meet passthrough readers again (the VFS repeats only once: a second ESTALE
     reaches the application).
+P6  A rewrite of a checkpoint file (V1) never lands on a node other processes have open:
+    see :meth:`Passthrough.writer_arrives`.
 P3  Where registering a backing file fails (no CAP_SYS_ADMIN, a backing filesystem that stacks
     too deep: ELOOP, no kernel support), the open falls back to daemon reads; counted in
     ``user.ckptfs.stats`` (``passthrough_fallbacks``) and logged once.
@@ -63,6 +65,7 @@ class Passthrough:
         self.warned = False
         self.writing: dict[str, int] = {}  # P4: path -> writers' opens in progress
         self.reserved: dict[str, float] = {}  # P5: path -> until when (monotonic)
+        self.split_for: dict[int, str] = {}  # P6: thread -> path its writer's open was split at
 
     def install(self) -> None:
         self.ops.passthrough = self
@@ -74,18 +77,32 @@ class Passthrough:
         with passthrough readers (P2)."""
         return (flags & os.O_ACCMODE) != os.O_RDONLY or bool(flags & os.O_TRUNC)
 
-    def writer_arrives(self, node: Node | None, path: str, create: bool = False) -> None:
+    def writer_arrives(self, node: Node | None, path: str, create: bool = False, isolate: bool = False,
+                       tid: int = 0) -> None:
         """Before the core sees a writer's open of ``path`` (``node``: the node it names, if any):
         from now until :meth:`writer_done`, no open of ``path`` is given passthrough (P4), so the
         writer can never find passthrough readers on its node once the core made its version.
         Passthrough readers already on the node (P2): the node is detached and, for an OPEN, the
         writer is answered ESTALE; the name stays writer-reserved (P5) until the writer's repeated
-        open arrives.  A CREATE lands on a new node anyway (its reply names one)."""
+        open arrives.  A CREATE lands on a new node anyway (its reply names one).
+
+        P6: the same for a rewrite other processes must not see (``isolate``: a checkpoint file,
+        V1) of a node with any other open (cached or direct I/O readers): the writer moves to a new
+        node, so their kernel inode is never truncated under them (an mmap reader got SIGBUS where
+        the core's drain timed out).  Except at the VFS's repeat of that open (same thread
+        ``tid``, same path): a second ESTALE would reach the application, and cached or direct
+        opens do not make the kernel fail it (the core's reader drain covers them as before)."""
         with self.lock:
-            if node is not None and node.pt_opens > 0:
-                if not create:
-                    self.reserved[path] = time.monotonic() + RESERVE_SECONDS
-                    raise self._stale(node)
+            repeat = bool(tid) and self.split_for.pop(tid, None) == path
+            if node is not None and not create and (node.pt_opens > 0 or (
+                    isolate and not repeat and (node.cached_opens > 0 or node.direct_opens > 0))):
+                self.reserved[path] = time.monotonic() + RESERVE_SECONDS
+                if tid:
+                    if len(self.split_for) > 4096:
+                        self.split_for.clear()
+                    self.split_for[tid] = path
+                raise self._stale(node)
+            if node is not None and create and node.pt_opens > 0:
                 self.ops.nodes.detach(node)
             self.writing[path] = self.writing.get(path, 0) + 1
 
