@@ -378,7 +378,7 @@ class CkptFS:
         if h is None or h.writable or h.version is not None or h.fd is None:
             return None
         self.integrity.verify_whole(h.fd)
-        self.stats["passthrough_opens"] += 1
+        self.stats["passthrough_candidates"] += 1  # the transport counts those it grants (passthrough_opens)
         return h.fd
 
     def handles_at(self, path: str) -> list[int]:

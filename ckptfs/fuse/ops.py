@@ -367,7 +367,7 @@ class Ops:
         path = self.child(node, _name(body[k.CREATE_IN.size:]))
         pt = self.passthrough
         if pt is not None:  # a writer never lands on a node passthrough readers hold (P2, P4)
-            pt.writer_arrives(self.nodes.at(path), path, create=True)
+            pt.writer_arrives(self.nodes.at(path), path, create=True, isolate=self.fs.isolates(path))
         try:
             fh = self.fs.create(path, mode, flags, c)
             try:

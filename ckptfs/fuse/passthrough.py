@@ -102,8 +102,9 @@ class Passthrough:
                         self.split_for.clear()
                     self.split_for[tid] = path
                 raise self._stale(node)
-            if node is not None and create and node.pt_opens > 0:
-                self.ops.nodes.detach(node)
+            if node is not None and create and (node.pt_opens > 0 or (
+                    isolate and (node.cached_opens > 0 or node.direct_opens > 0))):
+                self.ops.nodes.detach(node)  # the CREATE reply names a new node (P2, P6)
             self.writing[path] = self.writing.get(path, 0) + 1
 
     def writer_done(self, path: str) -> None:
@@ -151,6 +152,7 @@ class Passthrough:
                 if node.pt_opens > 0 or node.pt_key == key:
                     node.pt_opens += 1
                     self.mode[fh] = (node, PASSTHROUGH)
+                    self.fs.stats["passthrough_opens"] += 1
                     return k.FOPEN_PASSTHROUGH, node.pt_backing
             if direct:  # bypasses the page cache: takes no io mode in the kernel
                 node.direct_opens += 1
