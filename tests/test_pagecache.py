@@ -22,6 +22,19 @@ def kept(d: Path) -> int:
     return int(json.loads(os.getxattr(d, "user.ckptfs.stats")).get("keep_cache_opens", 0))
 
 
+def released(d: Path, timeout: float = 10.0) -> None:
+    """Wait until the daemon has handled the RELEASE of every handle closed so far: the kernel
+    sends RELEASE after close() returns, and a worker thread may serve the next OPEN first (the
+    rule then sees the closed writer's handle still open, correctly not keeping the cache)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        s = json.loads(os.getxattr(d, "user.ckptfs.stats"))
+        if s.get("fuse_release", 0) >= s.get("fuse_open", 0) + s.get("fuse_create", 0):
+            return
+        time.sleep(0.01)
+    raise AssertionError("RELEASE requests still pending after 10 s")
+
+
 def read_all(p: Path) -> bytes:
     with open(p, "rb") as f:
         return f.read()
@@ -36,15 +49,19 @@ def test_keep_cache_never_serves_stale_pages(tmp_path: Path) -> None:
     # backing file and use no FUSE page cache at all (tests/test_native.py)
     with Mount(d, backing=b, extra_args=["--on-corrupt", "rollback", "--no-passthrough"]):
         (d / "a.bin").write_bytes(v1)
+        released(d)
         assert read_all(d / "a.bin") == v1  # first open of this version: kernel pages dropped
         n = kept(d)
+        released(d)
         assert read_all(d / "a.bin") == v1  # unchanged, verified: pages kept
         assert kept(d) == n + 1
         # a new install of the same size (same FUSE inode, same kernel size): never kept
         (d / "a.bin").write_bytes(v2)
+        released(d)
         n = kept(d)
         assert read_all(d / "a.bin") == v2
         assert kept(d) == n
+        released(d)
         assert read_all(d / "a.bin") == v2
         assert kept(d) == n + 1
         # a reader while a writer has the path open: not kept (the writer's pages may enter)
