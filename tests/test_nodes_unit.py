@@ -116,3 +116,11 @@ def test_subtree_walks_in_a_large_table_find_exactly_the_subtree() -> None:
     nodes.move("data/d7", "data/e7")
     assert nodes.at("data/e7/f7000") is not None and nodes.at("data/d7/f7000") is None
     assert len(nodes._below("data/e7")) == 1000
+
+
+def test_bench_nodes_runs() -> None:
+    """bench/nodes.py (the walk timings in docs/results/performance-analysis.md) keeps working."""
+    from bench.nodes import run
+
+    r = run(200, reps=3)
+    assert set(r) == {"under_us", "move_us", "unmap_subtree_us"} and all(v > 0 for v in r.values())
