@@ -313,6 +313,33 @@ def test_a_cached_mmap_reader_keeps_its_pages_through_a_rewrite(tmp_path: Path) 
         assert stats(m).get("passthrough_node_splits", 0) >= 1
 
 
+def test_shared_mappings_of_checkpoint_files_being_written_work(tmp_path: Path) -> None:
+    """DIRECT_IO_ALLOW_MMAP: a checkpoint file's writer bypasses the page cache (direct I/O), and
+    without the flag the kernel refused its shared mappings (ENODEV) where natively they work:
+    ``np.memmap(mode="w+")`` and ``np.load(mmap_mode="r+")``.  The bytes are committed and another
+    process reads them."""
+    import numpy as np
+
+    d = tmp_path / "m"
+    d.mkdir()
+    with Mount(d) as m:
+        p = m.path / "weights.bin"
+        a = np.memmap(p, dtype="float32", mode="w+", shape=(1 << 20,))
+        a[:] = np.arange(1 << 20, dtype="float32")
+        a.flush()
+        del a
+        got = run_py(f"import numpy as np; b = np.memmap({str(p)!r}, dtype='float32', mode='r'); "
+                     "print(float(b[12345]), float(b[-1]), b.shape[0])").stdout.split()
+        assert got == ["12345.0", str(float((1 << 20) - 1)), str(1 << 20)]
+        q = m.path / "w.npy"
+        np.save(q, np.ones(1000))
+        c = np.load(q, mmap_mode="r+")
+        c[5] = 7
+        c.flush()
+        del c
+        assert run_py(f"import numpy as np; print(np.load({str(q)!r})[5])").stdout.strip() == "7.0"
+
+
 def test_fstat_of_an_open_file_works_after_the_daemon_removed_its_name(tmp_path: Path) -> None:
     """fstat(2) sends no file handle: an open file whose name retention removed (its node is
     unmapped) still answers from its handle, as natively (st_nlink 0)."""

@@ -173,6 +173,11 @@ class Session:
                 | k.ASYNC_DIO | k.MAX_PAGES | k.INIT_EXT)
         flags = kflags & want
         flags2 = 0
+        if kflags & k.INIT_EXT and kflags2 & k.DIRECT_IO_ALLOW_MMAP:
+            # shared mappings of direct-I/O handles (a checkpoint file's writer: np.memmap("w+");
+            # the kernel keeps them coherent).  Isolated readers never share the writer's node
+            # (nodes.py T5), so the writer's mapped pages reach nobody who must not see them
+            flags2 |= k.DIRECT_IO_ALLOW_MMAP
         if self.want_passthrough and kflags & k.INIT_EXT and kflags2 & k.PASSTHROUGH:
             flags2 |= k.PASSTHROUGH
             self.passthrough = True
