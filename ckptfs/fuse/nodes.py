@@ -19,8 +19,9 @@ T5  *Reader nodes* (V1 on the native transport): while a checkpoint file has a n
     one per path in ``readers``, never ``by_path[path]`` (the writer's).  So the writer's
     truncation and writes change the size and pages of a kernel inode no isolated reader holds:
     their ``fstat``, reads, passthrough and mmap see the committed version, as with a native
-    tmp + rename.  A reader node is unmapped with its name (unlink, rename, removal) and by
-    :meth:`drop_reader` once nobody is isolated any more; its open handles keep answering.
+    tmp + rename.  A reader node is unmapped with its name (unlink, rename, removal); once nobody
+    is isolated any more :meth:`drop_reader` retires it (it keeps its path for opens already on
+    their way); its open handles keep answering.
 """
 
 from __future__ import annotations
@@ -164,13 +165,13 @@ class Nodes:
             return n
 
     def drop_reader(self, path: str) -> Node | None:
-        """Nobody is isolated from ``path`` any more: its next lookups return ``by_path[path]``;
-        the reader node stays for its open handles and the kernel's references (T5)."""
+        """Nobody is isolated from ``path`` any more: its next lookups return ``by_path[path]``.
+        The reader node keeps its path (as :meth:`detach`): a process whose lookup returned it just
+        before may still open it, and gets the path's committed version, as natively (T5)."""
         if path not in self.readers:  # unlocked peek: the common case costs one dict lookup
             return None
         with self.lock:
-            gone = self._drop_readers(path, False)
-            return gone[0] if gone else None
+            return self.readers.pop(path, None)
 
     def forget(self, nid: int, count: int) -> None:
         with self.lock:
