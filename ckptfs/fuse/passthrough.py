@@ -29,7 +29,7 @@ P5  A writer answered ESTALE comes back at once (the VFS repeats the lookup and 
     then (at most ``RESERVE_SECONDS``) no reader of the name gets passthrough, so the repeated
     open cannot meet passthrough readers again (the VFS repeats only once: a second ESTALE
     reaches the application).
-P6  A rewrite of a checkpoint file (V1) never lands on a node other processes have open:
+P6  A rewrite of a checkpoint file (V1) never lands on a node with read-only cached or direct opens:
     see :meth:`Passthrough.writer_arrives`.
 P3  Where registering a backing file fails (no CAP_SYS_ADMIN, a backing filesystem that stacks
     too deep: ELOOP, no kernel support), the open falls back to daemon reads; counted in
@@ -87,7 +87,7 @@ class Passthrough:
         open arrives.  A CREATE lands on a new node anyway (its reply names one).
 
         P6: the same for a rewrite other processes must not see (``isolate``: a checkpoint file,
-        V1) of a node with any other open (cached or direct I/O readers): the writer moves to a new
+        V1) of a node with a read-only open in cached or direct-I/O mode: the writer moves to a new
         node, so their kernel inode is never truncated under them (an mmap reader got SIGBUS where
         the core's drain timed out).  Except at the VFS's repeat of that open (same thread
         ``tid``, same path): a second ESTALE would reach the application, and cached or direct
@@ -95,17 +95,29 @@ class Passthrough:
         with self.lock:
             repeat = bool(tid) and self.split_for.pop(tid, None) == path
             if node is not None and not create and (node.pt_opens > 0 or (
-                    isolate and not repeat and (node.cached_opens > 0 or node.direct_opens > 0))):
+                    isolate and not repeat and self._readers_on(node))):
                 self.reserved[path] = time.monotonic() + RESERVE_SECONDS
                 if tid:
                     if len(self.split_for) > 4096:
                         self.split_for.clear()
                     self.split_for[tid] = path
                 raise self._stale(node)
-            if node is not None and create and (node.pt_opens > 0 or (
-                    isolate and (node.cached_opens > 0 or node.direct_opens > 0))):
+            if node is not None and create and (node.pt_opens > 0 or (isolate and self._readers_on(node))):
                 self.ops.nodes.detach(node)  # the CREATE reply names a new node (P2, P6)
             self.writing[path] = self.writing.get(path, 0) + 1
+
+    def _readers_on(self, node: Node) -> bool:
+        """(lock held) Whether ``node`` has a read-only open in cached or direct-I/O mode (P6: a
+        truncation would reach it).  A writer's own earlier handle (its RELEASE may still be on its
+        way) does not count: splitting for it cost every save in a loop a round trip."""
+        if node.cached_opens == 0 and node.direct_opens == 0:
+            return False
+        for fh, (n, mode) in self.mode.items():
+            if n is node and mode != PASSTHROUGH:
+                h = self.fs.handles.get(fh)
+                if h is not None and not h.writable:
+                    return True
+        return False
 
     def writer_done(self, path: str) -> None:
         """The writer's open of ``path`` was answered (either way): readers may use passthrough
