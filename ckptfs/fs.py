@@ -191,8 +191,8 @@ class CkptFS:
         self.vis = Visibility(self.rules, lambda p: self.grp.group_of(p) is not None)
         self.isolate_writers = os.environ.get("CKPTFS_WRITER_DIRECT_IO", "1") != "0"
         self.killing_signal = procinfo.killing_signal  # is a closing process dying? (a seam for the model checker)
-        self.arriving: dict[str, int] = {}  # checkpoint paths an O_TRUNC rewrite is about to start at
-        self.arriving_by: dict[str, list[int]] = {}  # ... and the processes (tgids) starting them
+        # checkpoint paths an O_TRUNC rewrite is about to start at -> the processes (tgids) starting them
+        self.arriving: dict[str, list[int]] = {}
         # verify-on-read, on demand and in the background (integrity/reads.py)
         self.integrity = Integrity(store, self.records, self.gens, self.commit_lock, self.stats, self.grp.note_corrupt,
                                    on_corrupt=on_corrupt, scrub_interval=scrub_interval,
@@ -268,10 +268,10 @@ class CkptFS:
         v = self._visible(path)
         if v is not None:
             return self.vis.isolated(v, caller)
-        if caller.pid <= 0 or path not in self.arriving_by:  # unlocked peek: the common case
+        if caller.pid <= 0 or path not in self.arriving:  # unlocked peek: the common case
             return False
         with self.lock:
-            by = set(self.arriving_by.get(path, ()))
+            by = set(self.arriving.get(path, ()))
         return bool(by) and Visibility.family(by, caller.pid) == "other"
 
     def rewriting(self, path: str) -> bool:
@@ -598,10 +598,9 @@ class CkptFS:
             finally:
                 if drain:
                     with self.lock:
-                        self.arriving[path] -= 1
-                        self.arriving_by[path].remove(procinfo.tgid(caller.pid) if caller.pid > 0 else 0)
+                        self.arriving[path].remove(procinfo.tgid(caller.pid) if caller.pid > 0 else 0)
                         if not self.arriving[path]:
-                            del self.arriving[path], self.arriving_by[path]
+                            del self.arriving[path]
             return self._new_fh(Handle(path=path, writable=True, appending=app, version=nv, pid=caller.pid,
                                        published=True))
         hidden_v = None if writable else self._visible(path)
@@ -660,8 +659,7 @@ class CkptFS:
         other processes' readers that opened it before, through the page cache, to close (their
         cached reads would be cut at the size the kernel learns from the writer, V1)."""
         with self.lock:
-            self.arriving[path] = self.arriving.get(path, 0) + 1
-            self.arriving_by.setdefault(path, []).append(procinfo.tgid(caller.pid) if caller.pid > 0 else 0)
+            self.arriving.setdefault(path, []).append(procinfo.tgid(caller.pid) if caller.pid > 0 else 0)
         self.events.emit(events.REWRITING, path)  # isolation (V1) starts now, before any truncation
         deadline = time.monotonic() + READER_DRAIN_SECONDS
         me = procinfo.tgid(caller.pid) if caller.pid > 0 else 0

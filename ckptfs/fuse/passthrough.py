@@ -71,12 +71,6 @@ class Passthrough:
         self.ops.passthrough = self
 
     # ------------------------------------------------------------ open / release
-    @staticmethod
-    def is_writer(flags: int) -> bool:
-        """An open that makes a new version (write access or O_TRUNC): it never shares a node
-        with passthrough readers (P2)."""
-        return (flags & os.O_ACCMODE) != os.O_RDONLY or bool(flags & os.O_TRUNC)
-
     def writer_arrives(self, node: Node | None, path: str, create: bool = False, isolate: bool = False,
                        tid: int = 0) -> None:
         """Before the core sees a writer's open of ``path`` (``node``: the node it names, if any):
