@@ -201,6 +201,47 @@ def test_a_writer_meeting_passthrough_readers_gets_a_new_node(tmp_path: Path) ->
         assert stats(m).get("passthrough_node_splits", 0) >= 1
 
 
+def _rewrites_under_a_tight_reader(tmp_path: Path, m: Mount, sibling: bool) -> dict:
+    """Rewrite ``model.bin`` (256 KiB) in place 100 times while another process opens, fstats and
+    reads it in a loop; the writer is this process (the reader's parent: it sees the writer's
+    writes, V1) or, with ``sibling``, another child.  The reader's report: loads ``n``, and
+    ``bad``/``nbad``, reads that were not one whole version (size by read and by fstat)."""
+    p = m.path / "model.bin"
+    size = 256 << 10
+    p.write_bytes(bytes([0]) * size)
+    stop = tmp_path / "stop"
+    reader = subprocess.Popen([sys.executable, "-c", (
+        "import os, json\n"
+        f"p, stop, size = {str(p)!r}, {str(stop)!r}, {size}\n"
+        "bad, n = [], 0\n"
+        "while not os.path.exists(stop):\n"
+        "    with open(p, 'rb') as f:\n"
+        "        st = os.fstat(f.fileno())\n"
+        "        b = f.read()\n"
+        "    n += 1\n"
+        "    if len(b) != size or st.st_size != size or b.count(b[:1]) != size:\n"
+        "        bad.append((len(b), st.st_size))\n"
+        "print(json.dumps({'n': n, 'bad': bad[:5], 'nbad': len(bad)}))\n")],
+        stdout=subprocess.PIPE, text=True)
+    write = (f"for gen in range(1, 101):\n"
+             f"    with open({str(p)!r}, 'wb') as f:\n"  # O_TRUNC: the committed version stays visible
+             f"        f.write(bytes([gen]) * {size})\n")
+    try:
+        time.sleep(0.5)
+        if sibling:
+            subprocess.run([sys.executable, "-c", write], check=True, timeout=120)
+        else:
+            for gen in range(1, 101):
+                with open(p, "wb") as f:
+                    f.write(bytes([gen]) * size)
+    finally:
+        stop.touch()
+        out, _ = reader.communicate(timeout=60)
+    assert reader.returncode == 0, reader.returncode
+    assert p.read_bytes() == bytes([100]) * size
+    return json.loads(out)
+
+
 def test_rewrites_racing_a_tight_passthrough_reader_all_succeed(tmp_path: Path) -> None:
     """P4/P5: a reader opening the file in a tight loop (each open may take passthrough) while
     another process rewrites it in place 100 times: every rewrite succeeds.  (Before P4 a reader
@@ -209,71 +250,24 @@ def test_rewrites_racing_a_tight_passthrough_reader_all_succeed(tmp_path: Path) 
     d = tmp_path / "m"
     d.mkdir()
     with Mount(d) as m:
-        p = m.path / "model.bin"
-        size = 256 << 10
-        p.write_bytes(bytes([0]) * size)
-        stop = tmp_path / "stop"
-        reader = subprocess.Popen([sys.executable, "-c", (
-            "import os\n"
-            f"p, stop, n = {str(p)!r}, {str(stop)!r}, 0\n"
-            "while not os.path.exists(stop):\n"
-            "    with open(p, 'rb') as f:\n"
-            "        f.read()\n"
-            "    n += 1\n"
-            "print(n)\n")], stdout=subprocess.PIPE, text=True)
-        try:
-            time.sleep(0.5)
-            for gen in range(1, 101):
-                with open(p, "wb") as f:
-                    f.write(bytes([gen]) * size)
-        finally:
-            stop.touch()
-            out, _ = reader.communicate(timeout=60)
-        assert reader.returncode == 0 and int(out) >= 50  # the reader raced the writes
-        assert p.read_bytes() == bytes([100]) * size
+        rep = _rewrites_under_a_tight_reader(tmp_path, m, sibling=False)
+        assert rep["n"] >= 50  # the reader raced the writes
         s = stats(m)
         assert s.get("passthrough_opens", 0) > 0 and s.get("passthrough_node_splits", 0) > 0
 
 
 def test_a_reader_racing_rewrites_sees_whole_committed_versions_only(tmp_path: Path) -> None:
     """T5 (reader nodes): a reader opening, fstat-ing and reading the file in a tight loop while
-    another process rewrites it in place 100 times sees whole committed versions only: the size
-    and the bytes of one version.  (Sharing the writer's kernel inode, a reader's fstat and
-    cached reads saw the size the writer's O_TRUNC set: 0.)"""
+    another process (its sibling, not its parent: a writer's descendants see its writes, V1)
+    rewrites it in place 100 times sees whole committed versions only, through its reader node:
+    the size and the bytes of one version.  (A descendant reader, which shares the writer's
+    kernel inode by design, saw the size the writer's O_TRUNC set: 0.)"""
     d = tmp_path / "m"
     d.mkdir()
     with Mount(d) as m:
-        p = m.path / "model.bin"
-        size = 256 << 10
-        p.write_bytes(bytes([0]) * size)
-        stop = tmp_path / "stop"
-        reader = subprocess.Popen([sys.executable, "-c", (
-            "import os, sys, json\n"
-            f"p, stop, size = {str(p)!r}, {str(stop)!r}, {size}\n"
-            "bad, n = [], 0\n"
-            "while not os.path.exists(stop):\n"
-            "    with open(p, 'rb') as f:\n"
-            "        st = os.fstat(f.fileno())\n"
-            "        b = f.read()\n"
-            "    n += 1\n"
-            "    if len(b) != size or st.st_size != size or b.count(b[:1]) != size:\n"
-            "        bad.append((len(b), st.st_size))\n"
-            "print(json.dumps({'n': n, 'bad': bad[:5], 'nbad': len(bad)}))\n")],
-            stdout=subprocess.PIPE, text=True)
-        try:
-            time.sleep(0.5)
-            # the writer is the reader's sibling, not its parent: a writer's descendants see its writes (V1)
-            subprocess.run([sys.executable, "-c", (
-                f"for gen in range(1, 101):\n"
-                f"    with open({str(p)!r}, 'wb') as f:\n"  # O_TRUNC: the committed version stays visible
-                f"        f.write(bytes([gen]) * {size})\n")], check=True, timeout=120)
-        finally:
-            stop.touch()
-            out, _ = reader.communicate(timeout=60)
-        rep = json.loads(out)
+        rep = _rewrites_under_a_tight_reader(tmp_path, m, sibling=True)
         assert rep["nbad"] == 0, rep
         assert rep["n"] >= 50, rep  # the reader raced the writes
-        assert p.read_bytes() == bytes([100]) * size
         s = stats(m)
         assert s.get("reader_node_opens", 0) > 0 and s.get("passthrough_opens", 0) > 0, s
 
