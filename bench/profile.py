@@ -3,7 +3,7 @@
     python -m bench.profile --commit sync --workload w2 --out prof.txt [--dir D]
 
 Mounts ckptfs over a scratch directory, runs ``py-spy record --threads -f raw``
-on the daemon while the client runs W2 (1 GiB torch.save) or W1 (300 groups),
+on the daemon while the client runs W2 (1 GiB torch.save), W1 or W7 (300 groups),
 then prints the busy samples (threads waiting on a condition or inside the
 libfuse loop excluded) by thread and function.  Unmounts, stops by PID.
 """
@@ -11,6 +11,7 @@ libfuse loop excluded) by thread and function.  Unmounts, stops by PID.
 from __future__ import annotations
 
 import argparse
+import os
 import collections
 import shutil
 import signal
@@ -22,7 +23,7 @@ from pathlib import Path
 import torch
 
 from .common import daemon
-from .workloads import w1, w2
+from .workloads import w1, w2, w7
 
 IDLE = ("Condition.wait", "FUSE.__init__")
 
@@ -46,7 +47,7 @@ def summarize(path: Path, top: int = 12) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.profile")
     ap.add_argument("--commit", choices=("sync", "async"), default="sync")
-    ap.add_argument("--workload", choices=("w1", "w2"), default="w2")
+    ap.add_argument("--workload", choices=("w1", "w2", "w7"), default="w2")
     ap.add_argument("--out", required=True)
     ap.add_argument("--dir", default=None)
     a = ap.parse_args()
@@ -54,15 +55,15 @@ def main() -> None:
     dm = daemon(base, a.commit)
     try:
         sd = {"w": torch.randn((1024 << 20) // 32, 8)} if a.workload == "w2" else {}
-        spy = subprocess.Popen(["py-spy", "record", "--pid", str(dm.pid), "-f", "raw", "-o", a.out, "-r", "200",
+        spy = subprocess.Popen(["py-spy", "record", "--pid", str(dm.pid), "-f", "raw", "-o", a.out, "-r", "200", *(["--gil"] if os.environ.get("PROFILE_GIL") else []),
                                 "--threads"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(1)
         if a.workload == "w2":
             print(w2(base, sd, "ckptfs", a.commit == "async"))
         else:
-            (base / "w1").mkdir()
-            lat = sorted(w1(base / "w1", "ckptfs", 300, a.commit == "async"))
-            print(f"w1 p50 {1e3 * lat[len(lat) // 2]:.2f} ms")
+            (base / a.workload).mkdir()
+            lat = sorted(w7(base / "w7", 300) if a.workload == "w7" else w1(base / "w1", "ckptfs", 300, a.commit == "async"))
+            print(f"{a.workload} p50 {1e3 * lat[len(lat) // 2]:.2f} ms")
         time.sleep(0.5)
         spy.send_signal(signal.SIGINT)
         spy.wait(60)

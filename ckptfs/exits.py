@@ -35,6 +35,14 @@ _EXIT = struct.Struct("=IIII")
 REMEMBER = 65536  # exits kept (newest)
 
 
+def _kernel_at_least(major: int, minor: int) -> bool:
+    try:
+        got = tuple(int(x) for x in os.uname().release.split("-")[0].split(".")[:2])
+    except ValueError:
+        return False
+    return got >= (major, minor)
+
+
 class ExitWatcher:
     """Remembers the wait status of processes (thread-group leaders) that exited since it started."""
 
@@ -51,6 +59,12 @@ class ExitWatcher:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
             s.bind((0, CN_IDX_PROC))
             op = struct.pack("=I", PROC_CN_MCAST_LISTEN)
+            if _kernel_at_least(6, 6):
+                # struct proc_input: exit events only (the connector otherwise sends every fork,
+                # exec, uid change... of the whole machine, each parsed here: ~10% of the daemon's
+                # CPU in a small-file save on a busy machine).  Older kernels ignore a message of
+                # this size entirely, so they get the plain op.
+                op += struct.pack("=I", PROC_EVENT_EXIT)
             cn = _CNHDR.pack(CN_IDX_PROC, CN_VAL_PROC, 0, 0, len(op), 0) + op
             s.send(_NLHDR.pack(_NLHDR.size + len(cn), NLMSG_DONE, 0, 0, os.getpid()) + cn)
         except OSError as e:

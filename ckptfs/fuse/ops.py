@@ -107,9 +107,10 @@ class Ops:
     def child(self, node: Node | None, name: str) -> str:
         return join(self.path_of(node), name)
 
-    def ttl(self, path: str, st: dict[str, Any] | None) -> float:
-        """The cache timeout of an answer about ``path`` (see the module docstring)."""
-        if self.timeout <= 0 or self.fs.volatile(path):
+    def ttl(self, path: str, st: dict[str, Any] | None, attr: bool = True) -> float:
+        """The cache timeout of an answer about ``path``: its attributes, or (``attr`` False) its
+        entry (see the module docstring)."""
+        if self.timeout <= 0 or self.fs.volatile(path, attr):
             return 0.0
         if st is not None and not stat.S_ISDIR(st["st_mode"]) and st.get("st_nlink", 1) > 1:
             return 0.0  # another name of this file is another node: its attributes would go stale
@@ -118,7 +119,7 @@ class Ops:
     def entry(self, path: str, st: dict[str, Any], reader: bool = False) -> bytes:
         n = self.nodes.reader_looked_up(path) if reader else self.nodes.looked_up(path)
         a = k.sec_nsec(0.0 if reader else self.ttl(path, st))  # a reader node is never cached (T5)
-        e = a if self.entry_cache else (0, 0)
+        e = k.sec_nsec(0.0 if reader else self.ttl(path, st, attr=False)) if self.entry_cache else (0, 0)
         if e != (0, 0):
             n.entry_cached = True
         return k.ENTRY_OUT.pack(n.nid, 0, e[0], a[0], e[1], a[1], *k.pack_attr(st))
