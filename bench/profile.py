@@ -11,7 +11,6 @@ libfuse loop excluded) by thread and function.  Unmounts, stops by PID.
 from __future__ import annotations
 
 import argparse
-import os
 import collections
 import shutil
 import signal
@@ -50,19 +49,22 @@ def main() -> None:
     ap.add_argument("--workload", choices=("w1", "w2", "w7"), default="w2")
     ap.add_argument("--out", required=True)
     ap.add_argument("--dir", default=None)
+    ap.add_argument("--gil", action="store_true", help="sample only threads holding the GIL (CPU in Python)")
     a = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="ckptfs-prof-", dir=a.dir))
     dm = daemon(base, a.commit)
     try:
         sd = {"w": torch.randn((1024 << 20) // 32, 8)} if a.workload == "w2" else {}
-        spy = subprocess.Popen(["py-spy", "record", "--pid", str(dm.pid), "-f", "raw", "-o", a.out, "-r", "200", *(["--gil"] if os.environ.get("PROFILE_GIL") else []),
+        spy = subprocess.Popen(["py-spy", "record", "--pid", str(dm.pid), "-f", "raw", "-o", a.out, "-r", "200",
+                                *(["--gil"] if a.gil else []),
                                 "--threads"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(1)
         if a.workload == "w2":
             print(w2(base, sd, "ckptfs", a.commit == "async"))
         else:
             (base / a.workload).mkdir()
-            lat = sorted(w7(base / "w7", 300) if a.workload == "w7" else w1(base / "w1", "ckptfs", 300, a.commit == "async"))
+            w = base / a.workload
+            lat = sorted(w7(w, 300) if a.workload == "w7" else w1(w, "ckptfs", 300, a.commit == "async"))
             print(f"{a.workload} p50 {1e3 * lat[len(lat) // 2]:.2f} ms")
         time.sleep(0.5)
         spy.send_signal(signal.SIGINT)
