@@ -21,6 +21,21 @@ def parse_stat(text: str) -> tuple[int, int | None]:
     return flags, exit_code
 
 
+def _read_proc(pid: int, name: str) -> str:
+    """The text of /proc/<pid>/<name> (raw os calls: these run on request paths, e.g. every
+    flush; no buffered-file setup per call).  Raises OSError."""
+    fd = os.open(f"/proc/{pid}/{name}", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        parts = []
+        while True:
+            b = os.read(fd, 8192)
+            if not b:
+                return b"".join(parts).decode("ascii", "replace")
+            parts.append(b)
+    finally:
+        os.close(fd)
+
+
 def killing_signal(pid: int) -> int | None:
     """Signal number if ``pid`` is exiting because of a signal, else None.
 
@@ -30,8 +45,7 @@ def killing_signal(pid: int) -> int | None:
     if pid <= 0:
         return None
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            flags, exit_code = parse_stat(f.read())
+        flags, exit_code = parse_stat(_read_proc(pid, "stat"))
     except (OSError, ValueError, IndexError):
         return None
     if flags & PF_EXITING and exit_code is not None and exit_code & 0x7F:
@@ -45,10 +59,9 @@ def tgid(pid: int) -> int:
     FUSE reports the calling *thread*; a group's writers are tracked per process
     so that a helper thread exiting is not taken for the writer dying."""
     try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("Tgid:"):
-                    return int(line.split()[1])
+        for line in _read_proc(pid, "status").splitlines():
+            if line.startswith("Tgid:"):
+                return int(line.split()[1])
     except (OSError, ValueError, IndexError):
         pass
     return pid
@@ -57,8 +70,7 @@ def tgid(pid: int) -> int:
 def parent(pid: int) -> int | None:
     """The parent process id of ``pid`` (None if unknown)."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            text = f.read()
+        text = _read_proc(pid, "stat")
         return int(text[text.rindex(")") + 2 :].split()[1])  # field 4
     except (OSError, ValueError, IndexError):
         return None
@@ -87,10 +99,9 @@ def is_alive(pid: int) -> bool:
 def groups(pid: int) -> set[int]:
     """Supplementary group ids of ``pid`` (empty if unknown)."""
     try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("Groups:"):
-                    return {int(g) for g in line.split()[1:]}
+        for line in _read_proc(pid, "status").splitlines():
+            if line.startswith("Groups:"):
+                return {int(g) for g in line.split()[1:]}
     except (OSError, ValueError):
         pass
     return set()
