@@ -315,6 +315,27 @@ class CkptFS:
                 return False
             p = parent(p)
 
+    def listing_stable(self, path: str) -> bool:
+        """Whether the kernel may cache the listing of directory ``path`` (the native transport's
+        FOPEN_CACHE_DIR): it is the same for every caller (no open or queued version in it: a new
+        checkpoint file is listed per caller, V1; no hidden name in it) and nothing in it is judged
+        when it is listed (no open, deleting or corrupt group directly in it: ``sweep_children``;
+        the directory itself not volatile, e.g. an open group).  Every other change of the
+        listing is a request the kernel sees (it drops its cache) or an event
+        (fuse/notify.py drops it: C2)."""
+        path = self.norm(path)
+        if self.volatile(path):
+            return False
+        pre = path + "/" if path else ""
+
+        def direct(p: str) -> bool:
+            return p.startswith(pre) and "/" not in p[len(pre):]
+
+        with self.lock:
+            if any(direct(p) for p in (*self.pending, *self.queued, *self.hidden)):
+                return False
+            return not any(direct(g.path) and (g.state != SEALED or g.corrupt) for g in self.groups.values())
+
     def _children_pending(self, path: str) -> bool:
         pre = path + "/" if path else ""
         return any(p.startswith(pre) for p in (*self.pending, *self.queued))

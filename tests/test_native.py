@@ -154,6 +154,69 @@ def test_a_corrupt_group_found_by_the_scrubber_vanishes_from_the_cache(tmp_path:
         assert os.listdir(m.path) == ["checkpoint-1"]
 
 
+def test_a_stable_listing_is_cached_and_one_being_written_is_not(tmp_path: Path) -> None:
+    """C2: a directory every caller sees alike is listed from the kernel's cache (FOPEN_CACHE_DIR);
+    while a new checkpoint file is being written in it, it is listed per caller and never cached;
+    a change through the mount is seen at once."""
+    from test_readers import probe
+
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "plain").mkdir()
+    for i in range(50):
+        (d / "plain" / f"f{i:02d}").write_bytes(b"x")
+    with Mount(d, extra_args=LONG) as m:
+        p = m.path / "plain"
+        names = sorted(os.listdir(p))
+        before = stats(m).get("fuse_readdir", 0)
+        for _ in range(5):
+            assert sorted(os.listdir(p)) == names
+        assert stats(m).get("fuse_readdir", 0) == before, "a stable listing reached the daemon again"
+        (p / "new").write_bytes(b"y")  # through the mount: the kernel drops its copy
+        assert "new" in os.listdir(p)
+        f = open(p / "model.pt", "wb")  # a checkpoint file being written: other processes do not list it
+        try:
+            f.write(b"z" * 100)
+            f.flush()
+            for _ in range(2):  # the writer lists it; another process (twice: never from a cache) does not
+                assert "model.pt" in os.listdir(p)
+                seen = probe(p / "model.pt", tmp_path, detached=True)
+                assert seen[0] == "ENOENT" and not any("model.pt" in t for t in seen), seen
+        finally:
+            f.close()
+        seen = probe(p / "model.pt", tmp_path, detached=True)
+        assert seen[:2] == ["100", "zzzzzzzzz"] and any("model.pt" in t for t in seen[2:]), seen
+
+
+def test_a_cached_listing_is_dropped_by_a_change_the_daemon_makes_on_its_own(tmp_path: Path) -> None:
+    """C2: the scrubber quarantines a corrupt group without any request naming its parent; the
+    parent's cached listing is dropped by the event, not only by the directory's new mtime (reset
+    here to the cached one, as a change within one timestamp tick would leave it)."""
+    from test_groups import _damage, cli, save_hf_like
+
+    src, mp = tmp_path / "src", tmp_path / "mnt"
+    src.mkdir()
+    mp.mkdir()
+    with Mount(mp, backing=src, extra_args=[*LONG, "--scrub-interval", "0"]) as m:
+        save_hf_like(m.path, 1)
+        save_hf_like(m.path, 2)
+        time.sleep(0.2)  # (sealed)
+        assert sorted(os.listdir(m.path)) == ["checkpoint-1", "checkpoint-2"]
+        n0 = stats(m).get("fuse_readdir", 0)
+        assert sorted(os.listdir(m.path)) == ["checkpoint-1", "checkpoint-2"]
+        assert stats(m).get("fuse_readdir", 0) == n0  # cached
+        st = os.stat(src)
+        _damage(src, "bitflip")
+        cli("scrub", str(m.path), "--wait", check=False)
+        deadline = time.monotonic() + 10
+        while (src / "checkpoint-2").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not (src / "checkpoint-2").exists(), "the scrubber did not quarantine the group"
+        os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))
+        time.sleep(0.3)  # the notifier thread
+        assert os.listdir(m.path) == ["checkpoint-1"]
+
+
 def test_passthrough_reads_never_reach_the_daemon(tmp_path: Path) -> None:
     d = tmp_path / "m"
     d.mkdir()

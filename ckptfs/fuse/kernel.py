@@ -49,6 +49,7 @@ DIRECT_IO_ALLOW_MMAP = 1 << (36 - 32)
 # ---------------------------------------------------------------- open flags (reply)
 FOPEN_DIRECT_IO = 1 << 0
 FOPEN_KEEP_CACHE = 1 << 1
+FOPEN_CACHE_DIR = 1 << 3
 FOPEN_NOFLUSH = 1 << 5
 FOPEN_PASSTHROUGH = 1 << 7
 

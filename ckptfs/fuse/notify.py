@@ -55,7 +55,7 @@ class Notifier:
     def __init__(self, fd: int, ops: Ops) -> None:
         self.fd = fd
         self.ops = ops
-        self.q: queue.SimpleQueue[tuple[int, int] | None] = queue.SimpleQueue()
+        self.q: queue.SimpleQueue[tuple[int, ...] | None] = queue.SimpleQueue()
         self.thread: threading.Thread | None = None
         self._unsub: Callable[[], None] | None = None
         self.sent = 0
@@ -111,7 +111,7 @@ class Notifier:
             if path:
                 pn = nodes.at(split(path)[0])
                 if pn is not None:
-                    self.q.put((k.NOTIFY_INVAL_INODE, pn.nid))
+                    self.q.put((k.NOTIFY_INVAL_INODE, pn.nid, 0))  # its attributes and cached listing (C2)
             for n in nodes.under(path):
                 self.q.put((k.NOTIFY_INVAL_INODE, n.nid))
         if ev.kind in NAMES_CHANGE:
@@ -125,13 +125,14 @@ class Notifier:
             item = self.q.get()
             if item is None:
                 return
-            code, nid = item
-            if not self._send(code, nid):
+            if not self._send(*item):
                 return
 
-    def _send(self, code: int, nid: int) -> bool:
-        """Write one notification; False once the connection is gone."""
-        payload = b"" if code == k.NOTIFY_INC_EPOCH else k.NOTIFY_INVAL_INODE_OUT.pack(nid, -1, 0)
+    def _send(self, code: int, nid: int, off: int = -1) -> bool:
+        """Write one notification; False once the connection is gone.  INVAL_INODE with ``off`` -1
+        drops the node's attributes, with 0 also its cached pages: for a directory, the listing
+        the kernel keeps (FOPEN_CACHE_DIR), cheap to drop and refetched at the next readdir."""
+        payload = b"" if code == k.NOTIFY_INC_EPOCH else k.NOTIFY_INVAL_INODE_OUT.pack(nid, off, 0)
         try:
             os.writev(self.fd, [k.OUT_HEADER.pack(k.OUT_HEADER.size + len(payload), code, 0), payload])
             self.sent += 1

@@ -472,7 +472,11 @@ class Ops:
             self._next_dh += 1
             self.dirs[dh] = None
             self.dir_path[dh] = path
-        return k.OPEN_OUT.pack(dh, 0, 0)
+        # a listing every caller sees alike and nothing judges on access: the kernel keeps it
+        # (C2: requests through the mount drop it in the kernel, events in fuse/notify.py)
+        cache = self.timeout > 0 and self.fs.listing_stable(path)
+        self.fs.stats["dir_listings_cacheable" if cache else "dir_listings_uncached"] += 1
+        return k.OPEN_OUT.pack(dh, k.FOPEN_CACHE_DIR | k.FOPEN_KEEP_CACHE if cache else 0, 0)
 
     def readdir(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
         dh, offset, size, *_ = k.READ_IN.unpack_from(body)
