@@ -68,7 +68,7 @@ class _FakeFS:
 @pytest.mark.parametrize("kind", events.KINDS)
 def test_every_event_kind_invalidates_the_path_its_subtree_and_parent(kind: str) -> None:
     """C1: for each event kind, the notifier queues INVAL_INODE of the path's node, of every node
-    below it and of the parent, and an epoch bump where names may change (every kind the daemon
+    below it and of the parent (C2: with its pages, the cached listing), and an epoch bump where names may change (every kind the daemon
     makes on its own).  Fails if a kind is skipped."""
     ops = Ops(_FakeFS(), timeout=3600)  # type: ignore[arg-type]
     for p in ("run", "run/ckpt-1", "run/ckpt-1/model.pt", "run/ckpt-1/sub", "run/ckpt-1/sub/x", "other"):
@@ -79,8 +79,9 @@ def test_every_event_kind_invalidates_the_path_its_subtree_and_parent(kind: str)
     got = []
     while not note.q.empty():
         got.append(note.q.get())
-    inodes = {p for c, p in got if c == k.NOTIFY_INVAL_INODE}
+    inodes = {item[1] for item in got if item[0] == k.NOTIFY_INVAL_INODE}
     assert {nid["run"], nid["run/ckpt-1"], nid["run/ckpt-1/model.pt"], nid["run/ckpt-1/sub/x"]} <= inodes
+    assert (k.NOTIFY_INVAL_INODE, nid["run"], 0) in got  # C2: the parent's cached listing too
     assert nid["other"] not in inodes
     daemon_made = kind not in (events.PUBLISHED, events.SEALED, events.RENAMED, events.REWRITING)
     assert ((k.NOTIFY_INC_EPOCH, 0) in got) == daemon_made
