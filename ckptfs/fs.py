@@ -1036,7 +1036,8 @@ class CkptFS:
                     self.grp.defer_delete(g, path, caller.pid)
                 else:
                     self.grp.note_unlink(path)
-                    self.commit.ns_op({"op": "unlink", "path": path}, lambda: self.store.unlink(path), [parent(path)])
+                    self.commit.ns_op({"op": "unlink", "path": path, "ino": gone.st_ino},
+                                      lambda: self.store.unlink(path), [parent(path)])
             elif v is None:
                 raise _err(errno.ENOENT)
             with self.lock:
@@ -1186,7 +1187,8 @@ class CkptFS:
                     self.grp.seal_named_by_pointer(new, self.store.pread(fd, 4096, 0))
                 finally:
                     self.store.close(fd)
-            is_dir = on_disk and stat.S_ISDIR(self.store.lstat(old).st_mode)
+            src_st = self.store.lstat(old) if on_disk else None
+            is_dir = src_st is not None and stat.S_ISDIR(src_st.st_mode)
             keep = None
             if on_disk and not is_dir and new in self.records and old in self.records:
                 # a committed file replaced by a rename (safetensors' and DCP's tmp + rename): its
@@ -1195,7 +1197,7 @@ class CkptFS:
             if on_disk:
                 dirs = [parent(new), parent(old)]
                 self.grp.note_rename(old, new, caller.pid)
-                entry: dict[str, Any] = {"op": "rename", "src": old, "dst": new}
+                entry: dict[str, Any] = {"op": "rename", "src": old, "dst": new, "ino": src_st.st_ino}
                 if keep is not None:
                     entry["keep"] = keep
 

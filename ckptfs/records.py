@@ -6,14 +6,21 @@ of one path: its size, whole-file blake3, per-chunk blake3 digests
 version of a path, +1 per commit) and commit time.  ``ino`` is the inode of the
 staged file; rename preserves it, so recovery can tell whether an install
 happened without re-hashing.
+
+The record also travels with the file: :data:`XATTR` (``user.ckptfs.rec``, a backing-file
+extended attribute, never shown through the mount) holds it as JSON, set on the staged file before
+the fsync that makes its bytes durable (docs/design.md, "Commit protocol").  A record whose
+journal entry a power loss dropped is found again there by recovery (R1).
 """
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass
 
 CHUNK_SIZE = 1 << 20  # 1 MiB: granularity of chunk digests and verify-on-read
+XATTR = "user.ckptfs.rec"  # the record, carried by the committed inode itself
 
 
 @dataclass(frozen=True)
@@ -54,3 +61,16 @@ class FileRecord:
 
     def committed_iso(self) -> str:
         return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.committed_at))
+
+
+def to_xattr(rec: FileRecord) -> bytes:
+    """The value of :data:`XATTR` for ``rec``."""
+    return json.dumps(rec.to_json(), sort_keys=True, separators=(",", ":")).encode()
+
+
+def from_xattr(value: bytes) -> FileRecord:
+    """The record an :data:`XATTR` value holds; ValueError/KeyError/TypeError if it holds none."""
+    d = json.loads(value)
+    if not isinstance(d, dict):
+        raise ValueError("not a record")
+    return FileRecord.from_json(d)

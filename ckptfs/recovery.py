@@ -12,6 +12,9 @@ Algorithm (idempotent; a crash at any step is repaired by running it again):
 5. Reconcile records with the files on disk (offline changes, see :func:`classify`): a record is
    dropped if its file vanished or was replaced by a *new* file; it is kept (and verification will
    flag the file) if the committed inode was changed in place or now sits at another committed path.
+   Then every regular file left without a record gets the one its inode carries, if any
+   (:func:`adopt_carried`, R1): an install whose journal entry a power loss dropped (the entry is
+   written after the install, unsynced; the record was made durable with the file's bytes).
 6. Reconcile kept generations (engine/generations.py) the same way.
 7. Settle groups (:func:`settle_groups`): a group still open was torn by the crash and is moved into
    quarantine (or rolled back to its seal, G11); a sealed group whose COMMIT/manifest does not
@@ -71,7 +74,7 @@ from ckptfs.layout import (
 )
 from ckptfs.log.journal import Journal, read_whole
 from ckptfs.log.metadata import load_trusted
-from ckptfs.records import FileRecord
+from ckptfs.records import XATTR, FileRecord, from_xattr
 
 log = logging.getLogger("ckptfs.recovery")
 
@@ -252,6 +255,20 @@ def _same_file(store: BackingStore, a: str, b: str) -> bool:
     return stat.S_ISREG(sa.st_mode) and sa.st_ino == sb.st_ino and sa.st_dev == sb.st_dev
 
 
+def _reused(store: BackingStore, path: str, e: dict) -> bool:
+    """Whether ``path`` now holds another inode than the one the unlink/rename intent ``e`` named
+    (``ino``; older entries have none): the intent completed, and a later install put a new file
+    at that name.  An install of a file whose record travels with it journals no intent (engine/
+    commit.py), so the last intent in the journal need not be the operation in flight: it is
+    redone only while the disk still shows it pending."""
+    if "ino" not in e:
+        return False
+    try:
+        return store.lstat(path).st_ino != int(e["ino"])
+    except FileNotFoundError:
+        return False
+
+
 def finish_inflight(store: BackingStore, e: dict) -> bool:
     """Complete the last journal intent on disk.  True if it now holds."""
     op = e["op"]
@@ -277,12 +294,14 @@ def finish_inflight(store: BackingStore, e: dict) -> bool:
             return False
         return st.st_ino == rec.ino and st.st_size == rec.size
     if op == "unlink":
-        if store.exists(e["path"]):
+        if store.exists(e["path"]) and not _reused(store, e["path"], e):
             store.unlink(e["path"])
             store.fsync_dir(parent(e["path"]))
         return True
     if op == "rename":
         src, dst = e["src"], e["dst"]
+        if _reused(store, src, e):
+            return True  # done: a later install (which journals no intent, R1) made a new file there
         if e.get("keep") and store.exists(src) and not _same_file(store, src, dst):
             link_for_recovery(store, dst, e["keep"])  # the replaced version is kept first (fs.rename)
         if store.exists(src) and _same_file(store, src, dst):
@@ -357,6 +376,7 @@ class RecoveryReport:
     quarantine: qt.Table = field(default_factory=dict)  # what was moved out of sight (engine/quarantine.py)
     problems: list[str] = field(default_factory=list)  # untrusted metadata (metadata.py)
     suspect: list[str] = field(default_factory=list)  # kept records whose file changed offline
+    records_adopted: list[str] = field(default_factory=list)  # records read back from their files (R1)
 
     def summary(self) -> str:
         s = f"replayed {self.replayed} journal entries"
@@ -365,6 +385,8 @@ class RecoveryReport:
         s += f"; removed {self.staging_removed} staging files"
         if self.records_dropped:
             s += f"; {len(self.records_dropped)} records of files changed while unmounted dropped"
+        if self.records_adopted:
+            s += f"; {len(self.records_adopted)} records read back from their files"
         if self.group_notes:
             s += f"; groups hidden: {'; '.join(self.group_notes)}"
         if self.suspect:
@@ -399,6 +421,62 @@ def classify(path: str, rec: FileRecord, st: os.stat_result | None, owner: dict[
     return "drop"
 
 
+def carried_record(store: BackingStore, path: str) -> tuple[FileRecord, os.stat_result] | None:
+    """The record the regular file at ``path`` carries (records.XATTR) and its stat, if it names
+    this very inode (a copy made outside ckptfs carries another inode's: None)."""
+    try:
+        st = store.lstat(path)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        rec = from_xattr(store.getxattr(path, XATTR))
+    except OSError:
+        return None  # no record on it (ENODATA), or no xattrs here
+    except (ValueError, KeyError, TypeError):
+        log.warning("%s carries an unreadable %s; left untracked", path, XATTR)
+        return None
+    return (rec, st) if rec.ino == st.st_ino else None
+
+
+def adopt_carried(store: BackingStore, files: dict[str, FileRecord], suspect: list[str] | None = None) -> list[str]:
+    """R1: give every regular file under the root (``.ckptfs`` excluded) that has no record the
+    one its inode carries (records.XATTR), if that record names this very inode.  The install
+    protocol sets it on the staged file before the fsync that makes the bytes durable, so it
+    describes them; a size that differs means the file was changed in place while unmounted: the
+    record is kept and the path reported in ``suspect`` (verification flags it), as for journaled
+    records (:func:`classify`).  A copy made outside ckptfs (``cp -a``, ``rsync -X``) carries
+    another inode's record and is ignored.  Returns the adopted paths.  Walks the whole tree: a
+    getdents per directory, and a stat + getxattr per file without a record only."""
+    adopted: list[str] = []
+    stack = [""]
+    while stack:
+        d = stack.pop()
+        pre = d + "/" if d else ""
+        try:
+            entries = store.scandir(d)
+        except OSError:
+            continue
+        for name, _ino, t in entries:
+            path = pre + name
+            if not d and name == META_DIR:
+                continue
+            if stat.S_ISDIR(t):
+                stack.append(path)
+                continue
+            if t and not stat.S_ISREG(t) or path in files:
+                continue
+            got = carried_record(store, path)
+            if got is None:
+                continue
+            rec, st = got
+            files[path] = rec
+            adopted.append(path)
+            if st.st_size != rec.size and suspect is not None:
+                suspect.append(path)
+    if adopted:
+        log.info("recovery: %d records read back from their files (journal entries lost)", len(adopted))
+    return adopted
+
+
 def _preserve(store: BackingStore, src: str, dst: str) -> None:
     """Copy damaged metadata aside for forensics (never renamed: stays idempotent)."""
     try:
@@ -429,7 +507,9 @@ def recover(store: BackingStore, journal: Journal | None = None) -> RecoveryRepo
     rep = RecoveryReport(files=r.files, aborts=r.aborts, problems=r.problems, groups=r.groups,
                          quarantine=r.quarantine)
     gens_raw = r.gens
-    if r.held is not None:
+    if r.held is not None and r.held.get("done"):
+        r.apply(r.held)  # written after its install was durable: nothing to finish (engine/commit.py step 6)
+    elif r.held is not None:
         last = r.held
         try:
             rep.inflight = f"{last['op']} {last.get('path') or last.get('src')}"
@@ -459,6 +539,7 @@ def recover(store: BackingStore, journal: Journal | None = None) -> RecoveryRepo
             rep.records_dropped.append(path)
         elif verdict == "suspect":
             rep.suspect.append(path)
+    rep.records_adopted = adopt_carried(store, rep.files, rep.suspect)
     rep.generations, probs = reconcile(store, {p: g for p, g in gens_raw.items() if p in rep.files})
     rep.problems += probs
     for p in rep.problems:

@@ -261,6 +261,8 @@ BAD_VARIANTS = (
     "no_journal_sync",       # install: intent appended without fdatasync
     "ns_no_dir_fsync",       # namespace ops (rename/unlink/mkdir): directories not fsynced
     "prefix_any",            # V2 wrong: whatever a killed writer wrote is committed (checkpoints too)
+    "record_not_carried",    # install: no intent, and the record is not set on the staged file (R1 broken)
+    "no_settle",             # install: no intent, and unsynced journal entries (a group opened) not settled
 )
 
 
@@ -270,7 +272,17 @@ class BadCommit(CommitEngine):
 
     variant = ""
 
+    def carry_record(self, v, rec) -> bool:  # type: ignore[no-untyped-def]
+        if self.variant == "record_not_carried":
+            return len(rec.chunks) <= 64 * 32  # claims it travels, sets nothing
+        if self.variant in ("rename_before_intent", "no_journal_sync"):
+            return False  # defects of the journaled intent: every install takes that path (a record too
+            # large to travel, a backing fs without user xattrs), as every install did before R1
+        return super().carry_record(v, rec)
+
     def sync_data(self, v) -> None:  # type: ignore[no-untyped-def]
+        if self.variant == "no_settle":
+            self.journal.owed = False  # (install calls settle after this: it finds nothing owed)
         if self.variant != "rename_before_fsync":
             super().sync_data(v)
 
@@ -318,6 +330,8 @@ def bad_workload(variant: str) -> Workload:
     """The workload that exposes ``variant``: an overwrite (install defects) or pointer update."""
     if variant == "prefix_any":
         w = append_log()
+    elif variant == "no_settle":
+        w = group(steps=1)
     else:
         w = pointer_rotation(steps=1) if variant == "ns_no_dir_fsync" else overwrite(versions=2)
     return dataclasses.replace(w, name=f"{w.name}[bad:{variant}]", fs_factory=bad_factory(variant))

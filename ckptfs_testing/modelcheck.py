@@ -47,8 +47,10 @@ under one of two persistence models:
     file may lose both names.  No rename-based protocol can keep an in-flight
     rename's file there; ckptfs's violations under it are documented.
 
-Not modelled: xattrs, modes, times (ckptfs keeps no state there); a rename
-over an existing file that leaves the destination *absent*.
+Extended attributes of files are modelled (the install protocol carries each record in one,
+``user.ckptfs.rec``): set by ``fsetxattr``, durable only by an ``fsync`` of that file (not
+``fdatasync``); an unsynced one persists or not, in both models.  Not modelled: modes, times
+(ckptfs keeps no state there); a rename over an existing file that leaves the destination *absent*.
 
 For every state, :func:`check_workload` builds it in a scratch directory,
 runs :func:`ckptfs.recovery.recover` on it, and asserts:
@@ -101,7 +103,7 @@ INO_OFFSET = 1 << 40  # inode numbers not from the recording are shifted out of 
 
 #: backing calls that change state (logged with full arguments)
 LOGGED = ("open", "close", "pwrite", "ftruncate", "fsync", "fdatasync", "copy_range", "mkdir", "rmdir",
-          "unlink", "rename", "symlink", "link", "fsync_dir")
+          "unlink", "rename", "symlink", "link", "fsync_dir", "fsetxattr")
 
 
 class SimError(Exception):
@@ -139,6 +141,8 @@ class RecordingStore:
                     self.log.append(("open", args[0], args[1], res, self.inner.fstat(res).st_ino))
                 elif name == "pwrite":
                     self.log.append(("pwrite", args[0], bytes(args[1]), args[2]))
+                elif name == "fsetxattr":
+                    self.log.append(("fsetxattr", args[0], args[1], bytes(args[2])))
                 elif name in ("mkdir", "symlink"):
                     self.log.append((name, *args[:2], self.inner.lstat(args[1 if name == "symlink" else 0]).st_ino))
                 else:
@@ -190,6 +194,8 @@ class Inode:
     entries: dict[str, int] = field(default_factory=dict)  # current entries (dirs)
     muts: list[tuple[int, str, int | None]] = field(default_factory=list)  # (seq, name, inode id | None)
     synced_seq: int = 0  # dirs: changes with seq <= synced_seq are durable (weak model)
+    xattrs: dict[str, bytes] = field(default_factory=dict)  # files: current extended attributes
+    synced_xattrs: dict[str, bytes] = field(default_factory=dict)  # ... durable (by an fsync of the file)
 
 
 def apply_data(base: bytes, ops: list[tuple]) -> bytes:
@@ -252,6 +258,8 @@ class Sim:
                         with open(p, "rb") as f:
                             child.synced = f.read()
                         child.data = bytearray(child.synced)
+                        child.xattrs = {n: os.getxattr(p, n) for n in os.listxattr(p)}
+                        child.synced_xattrs = dict(child.xattrs)
                     elif kind == "symlink":
                         child.target = os.readlink(p)
                     else:
@@ -322,7 +330,11 @@ class Sim:
             node = self.inodes[self.fds[e[1]]]
             node.synced = bytes(node.data)
             node.pending = []
+            if op == "fsync":  # (fdatasync need not persist an xattr: metadata not needed to read the data)
+                node.synced_xattrs = dict(node.xattrs)
             self.barrier = self.seq
+        elif op == "fsetxattr":
+            self.inodes[self.fds[e[1]]].xattrs[e[2]] = e[3]
         elif op == "fsync_dir":
             self.inodes[self._lookup(e[1])].synced_seq = self.seq
             self.barrier = self.seq
@@ -474,10 +486,11 @@ class Sim:
 
 @dataclass
 class CrashState:
-    """A durable state: entries per reachable dir, content per reachable file."""
+    """A durable state: entries per reachable dir, content (and extended attributes) per reachable file."""
 
     entries: dict[int, dict[str, int]]
     contents: dict[int, bytes]
+    xattrs: dict[int, dict[str, bytes]] = field(default_factory=dict)
 
 
 def reachable(sim: Sim, entries: dict[int, dict[str, int]]) -> list[tuple[str, Inode]] | None:
@@ -508,12 +521,18 @@ def crash_states(sim: Sim, bound: int, rng: random.Random) -> tuple[list[CrashSt
     else:
         cuts = sim.ext4_cuts()
         ns_space = [len(cuts)]
-    variants_cache: dict[int, list[bytes]] = {}
+    variants_cache: dict[int, list[tuple[bytes, dict[str, bytes]]]] = {}
 
-    def variants(node: Inode) -> list[bytes]:
+    def variants(node: Inode) -> list[tuple[bytes, dict[str, bytes]]]:
+        """(content, xattrs) a power loss may leave: unsynced xattrs persisted or not (both models:
+        only an fsync of the file is relied on), crossed with the data variants."""
         if node.id not in variants_cache:
-            variants_cache[node.id] = sim.data_variants(node, rng)
+            xs = [node.synced_xattrs] + ([node.xattrs] if node.xattrs != node.synced_xattrs else [])
+            variants_cache[node.id] = [(d, x) for x in xs for d in sim.data_variants(node, rng)]
         return variants_cache[node.id]
+
+    def state(ents: dict[int, dict[str, int]], picks: dict[int, tuple[bytes, dict[str, bytes]]]) -> CrashState:
+        return CrashState(ents, {i: c for i, (c, _) in picks.items()}, {i: x for i, (_, x) in picks.items()})
 
     def namespace(choice: tuple[int, ...]) -> dict[int, dict[str, int]] | None:
         if sim.weak:
@@ -562,7 +581,7 @@ def crash_states(sim: Sim, bound: int, rng: random.Random) -> tuple[list[CrashSt
             out = []
             for ents, files in combos:
                 for pick in itertools.product(*[variants(f) for f in files]):
-                    out.append(CrashState(ents, dict(zip([f.id for f in files], pick, strict=True))))
+                    out.append(state(ents, dict(zip([f.id for f in files], pick, strict=True))))
             return out, True, infeasible
     # sampled: the two extremes, then random choices
     out = []
@@ -572,7 +591,8 @@ def crash_states(sim: Sim, bound: int, rng: random.Random) -> tuple[list[CrashSt
         ents = namespace(choice)
         files = files_of(ents)
         if files is not None:
-            out.append(CrashState(ents, {f.id: bytes(f.data) if newest else f.synced for f in files}))
+            out.append(state(ents, {f.id: (bytes(f.data), f.xattrs) if newest else (f.synced, f.synced_xattrs)
+                                    for f in files}))
     tries = 0
     while len(out) < bound and tries < 4 * bound:
         tries += 1
@@ -581,7 +601,7 @@ def crash_states(sim: Sim, bound: int, rng: random.Random) -> tuple[list[CrashSt
         if files is None:
             infeasible += 1
             continue
-        out.append(CrashState(ents, {f.id: rng.choice(variants(f)) for f in files}))
+        out.append(state(ents, {f.id: rng.choice(variants(f)) for f in files}))
     return out, False, infeasible
 
 
@@ -595,6 +615,8 @@ def state_key(sim: Sim, st: CrashState) -> bytes:
         if node.kind == "file":
             h.update(b"=" + first.setdefault(node.id, path).encode() + b"\0")
             h.update(hashlib.blake2b(st.contents[node.id], digest_size=16).digest())
+            for n, v in sorted(st.xattrs.get(node.id, {}).items()):
+                h.update(b"x" + n.encode() + b"\0" + hashlib.blake2b(v, digest_size=16).digest())
         elif node.kind == "symlink":
             h.update(node.target.encode())
         h.update(b"\n")
@@ -621,6 +643,8 @@ def materialize(sim: Sim, st: CrashState, root: str) -> dict[int, int]:
         else:
             with open(p, "wb") as f:
                 f.write(st.contents[node.id])
+            for n, v in st.xattrs.get(node.id, {}).items():
+                os.setxattr(p, n, v)  # (the scratch filesystem must keep user xattrs: tmpfs on Linux 6.6+)
             first[node.id] = p
         if node.kind != "symlink":
             inomap[os.lstat(p).st_ino] = node.ino

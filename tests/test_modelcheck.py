@@ -66,6 +66,20 @@ def test_real_protocol_survives_every_enumerated_power_loss(scratch: str) -> Non
     assert sum(r.recovery_crash_states for r in results) >= 1000
 
 
+def test_the_checked_protocol_carries_records_on_the_files(scratch: str) -> None:
+    """R1 is what the checker exercises: each install of a new file sets its record on the staged
+    file (the scratch filesystem keeps user xattrs) and syncs once (the file: no journal intent)
+    before its rename; the model rebuilds those xattrs in every crash state."""
+    log, _app = mc.record_workload(W.single(), scratch)
+    syncs = []
+    for i, e in enumerate(log):
+        if e[0] == "fsetxattr" and e[2] == "user.ckptfs.rec":
+            j = next(k for k in range(i, len(log))
+                     if log[k][0] == "rename" and log[k][1].startswith(".ckptfs/staging/"))
+            syncs.append([x[0] for x in log[i:j] if x[0] in ("fsync", "fdatasync")])
+    assert syncs and all(s == ["fsync"] for s in syncs), syncs
+
+
 @pytest.mark.parametrize("variant", W.BAD_VARIANTS)
 def test_known_bad_protocol_variant_is_caught(scratch: str, variant: str) -> None:
     w = W.bad_workload(variant)

@@ -68,8 +68,8 @@ class _FakeFS:
 @pytest.mark.parametrize("kind", events.KINDS)
 def test_every_event_kind_invalidates_the_path_its_subtree_and_parent(kind: str) -> None:
     """C1: for each event kind, the notifier queues INVAL_INODE of the path's node, of every node
-    below it and of the parent (C2: with its pages, the cached listing), and an epoch bump where names may change (every kind the daemon
-    makes on its own).  Fails if a kind is skipped."""
+    below it and of the parent (C2: with its pages, the cached listing), and an epoch bump where
+    names may change (every kind the daemon makes on its own).  Fails if a kind is skipped."""
     ops = Ops(_FakeFS(), timeout=3600)  # type: ignore[arg-type]
     for p in ("run", "run/ckpt-1", "run/ckpt-1/model.pt", "run/ckpt-1/sub", "run/ckpt-1/sub/x", "other"):
         ops.nodes.looked_up(p).entry_cached = True

@@ -3,10 +3,19 @@ committer.  Owns ``commit_lock``, the journal and the kept generations' writes.
 
 Install protocol (docs/design.md, "Commit protocol"), one version at a time under ``commit_lock``:
 
-1. ``fsync(staged)``               the new bytes are durable before any name points at them
-2. journal intent + ``fdatasync``  recovery can finish (re-verifying the staged bytes) or drop it
-3. ``rename(staged, path)``        atomic replace: readers see old or new, never a mix
-4. ``fsync(parent dir)``           the new name is durable; the install is complete
+1. record on the staged inode      ``user.ckptfs.rec`` (records.XATTR): the record travels with the file
+2. ``fsync(staged)``               the new bytes, and that record, are durable before any name points at them
+3. journal intent + ``fdatasync``  only where recovery needs it before the rename: a kept previous
+                                   generation (its link is made first), or a record that could not
+                                   travel (too large for one xattr, or no user xattrs on the backing fs);
+                                   else ``Journal.settle``: entries appended unsynced before (a group
+                                   opened) are made durable, as that intent's fdatasync made them
+4. ``rename(staged, path)``        atomic replace: readers see old or new, never a mix
+5. ``fsync(parent dir)``           the new name is durable; the install is complete
+6. journal record, not synced      (where 3 did not run) the install as done; if a power loss drops it,
+                                   recovery reads the record back from the file (R1)
+
+So a new file costs two syncs, as an application's own tmp + fsync + rename + dir fsync does.
 
 Each step is its own method (:meth:`CommitEngine.sync_data` ... :meth:`CommitEngine.sync_name`), so
 the model checker's known-bad variants (ckptfs_testing/mc_workloads.py) override one step instead of
@@ -36,13 +45,18 @@ from ckptfs.hashing import digest_fd
 from ckptfs.inodes import InodeMap
 from ckptfs.layout import parent
 from ckptfs.log.journal import Journal
-from ckptfs.records import FileRecord
+from ckptfs.records import XATTR, FileRecord, to_xattr
 
 if TYPE_CHECKING:
     from ckptfs.engine.generations import Generations
     from ckptfs.engine.groups import GroupEngine
 
 log = logging.getLogger("ckptfs")
+
+#: a record with more chunk digests than this is journaled before the rename instead of carried
+#: (64 hex characters per MiB: 32 MiB -> ~2.3 KB, inside one ext4 xattr block beside others)
+CARRY_MAX_CHUNKS = 32
+_NO_CARRY = (errno.ENOTSUP, errno.EOPNOTSUPP, errno.E2BIG, errno.ERANGE, errno.ENOSPC, errno.EPERM)
 
 
 def _err(code: int, msg: str = "") -> OSError:
@@ -83,6 +97,7 @@ class CommitEngine:
         self.async_failures: list[tuple[str, OSError]] = []  # reported by the next fsync / fsyncdir
         self.groups: GroupEngine | None = None
         self.committer = Committer(self, max_backlog, max_backlog_bytes) if commit_mode == "async" else None
+        self.carry = True  # records travel on the staged inode (False once the backing fs refused user xattrs)
 
     # ------------------------------------------------------------ tables
     def unlist(self, v: Version) -> bool:
@@ -248,14 +263,19 @@ class CommitEngine:
         rec = dataclasses.replace(rec, generation=prev.generation + 1 if prev else 1)
         if self.groups is not None and self.groups.is_pointer(v.path) and rec.size <= 4096:
             self.groups.seal_named_by_pointer(v.path, self.store.pread(v.fd, rec.size, 0))  # G6
+        carried = self.carry_record(v, rec)
         self.sync_data(v)
         crashpoints.hit("stage_synced")
         keep = self.keep_plan(v.path, prev)  # previous generation kept (generations.py)
         entry: dict[str, Any] = {"op": "install", "path": v.path, "staging": v.staging, "rec": rec.to_json()}
         if keep:
             entry["keep"] = keep
-        mark = self.log_intent(v, entry)
-        crashpoints.hit("intent_logged")
+        mark = None
+        if keep or not carried:
+            mark = self.log_intent(v, entry)
+            crashpoints.hit("intent_logged")
+        elif self.journal.settle():  # a group opened just before, say: durable before this rename
+            self.stats["journal_settles"] += 1
         try:
             replaced = self.store.lstat(v.path)
         except OSError:
@@ -267,7 +287,8 @@ class CommitEngine:
         except OSError:
             if keep:
                 self.gens.unlink_quiet(keep)
-            self.journal.retract(mark)
+            if mark is not None:
+                self.journal.retract(mark)
             raise
         crashpoints.hit("installed")
         if replaced is not None and replaced.st_ino != v.ino:
@@ -284,26 +305,54 @@ class CommitEngine:
             v.error = e
             raise
         crashpoints.hit("dir_synced")
+        if mark is None:
+            self.log_done(dict(entry, done=True))
         self.installed(v, rec, keep)
         if self.groups is not None:
             self.groups.after_install(v.path)
         self.maybe_compact()
 
+    def carry_record(self, v: Version, rec: FileRecord) -> bool:
+        """Step 1: ``rec`` set on the staged inode (records.XATTR), made durable by step 2.  False
+        where it cannot travel there (a record of more than CARRY_MAX_CHUNKS chunks; no user xattrs
+        on the backing fs): then step 3 journals it before the rename, as every install once did."""
+        if not self.carry or len(rec.chunks) > 64 * CARRY_MAX_CHUNKS:
+            return False
+        try:
+            self.store.fsetxattr(v.fd, XATTR, to_xattr(rec))
+            return True
+        except OSError as e:
+            if e.errno not in _NO_CARRY:
+                raise
+            if e.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+                self.carry = False
+                log.warning("the backing filesystem keeps no user xattrs (%s): every install journals its "
+                            "record before the rename (one sync more per file)", e)
+            return False
+
     def sync_data(self, v: Version) -> None:
-        """Step 1: the staged bytes are durable."""
+        """Step 2: the staged bytes (and the record they carry) are durable."""
         self.store.fsync(v.fd)
 
     def log_intent(self, v: Version, entry: dict) -> Any:
-        """Step 2: the install intent is durable in the journal; its mark (to retract)."""
+        """Step 3: the install intent is durable in the journal; its mark (to retract)."""
         return self.journal.append(entry)
 
     def put_in_place(self, v: Version) -> None:
-        """Step 3: the atomic rename over the path."""
+        """Step 4: the atomic rename over the path."""
         self.store.rename(v.staging, v.path)
 
     def sync_name(self, v: Version) -> None:
-        """Step 4: the rename is durable."""
+        """Step 5: the rename is durable."""
         self.store.fsync_dir(parent(v.path))
+
+    def log_done(self, entry: dict) -> None:
+        """Step 6: the finished install in the journal, unsynced (the next synced append or
+        compaction makes it durable; until then the file itself carries its record)."""
+        try:
+            self.journal.append(entry, sync=False)
+        except OSError as e:
+            log.warning("could not journal the install of %s (its file carries the record): %s", entry["path"], e)
 
     def installed(self, v: Version, rec: FileRecord, keep: dict | None = None) -> None:
         """The tables say v is installed (its fd closed if no handle uses it)."""

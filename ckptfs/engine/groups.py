@@ -763,7 +763,8 @@ class GroupEngine:
         for d in reversed(missing):
             self.store.mkdir(d, 0o700)
             self.store.fsync_dir(parent(d))
-        self.ns_op({"op": "rename", "src": path, "dst": dst}, lambda: self.store.rename(path, dst),
+        self.ns_op({"op": "rename", "src": path, "dst": dst, "ino": self.store.lstat(path).st_ino},
+                   lambda: self.store.rename(path, dst),
                     [parent(path), parent(dst)])
         with self.lock:
             move_prefix(self.records, path, dst)

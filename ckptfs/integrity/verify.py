@@ -215,6 +215,19 @@ def load_offline(store: BackingStore) -> OfflineState:
 
     r = replay(load_trusted(Journal(store)), last=last_done)
     files, gens, problems = r.files, r.gens, r.problems
+    from ckptfs.recovery import adopt_carried, carried_record
+
+    owner = {rec.ino: p for p, rec in files.items() if rec.ino}
+    for path, rec in list(files.items()):  # a newer install whose journal entry a power loss dropped (R1)
+        try:
+            ino = store.lstat(path).st_ino
+        except OSError:
+            continue
+        if rec.ino and ino != rec.ino and owner.get(ino, path) == path:  # (not a swap: verification flags those)
+            newer = carried_record(store, path)
+            if newer is not None:
+                files[path] = newer[0]
+    adopt_carried(store, files)
     return OfflineState(files, gens, problems)
 
 

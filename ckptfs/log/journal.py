@@ -111,6 +111,10 @@ class Journal:
         self.entries_since_snapshot = 0
         self._lock = threading.Lock()
         self.broken: str | None = None
+        # an entry appended unsynced that recovery must see before the next install's rename (a
+        # group opened, an abort...): every entry but an install's own ``done`` record, whose file
+        # carries the record (engine/commit.py step 6, recovery R1)
+        self.owed = False
         # extra top-level snapshot keys (e.g. kept generations); set by the owner
         self.extra_state: Callable[[], dict[str, Any]] | None = None
 
@@ -186,7 +190,22 @@ class Journal:
                     # overwrites its bytes, so it cannot be replayed as done.
                     self._cut(before)
                     raise
+                self.owed = False
+            elif not entry.get("done"):
+                self.owed = True
             return before
+
+    def settle(self) -> bool:
+        """Make the entries appended unsynced durable if recovery needs any of them (``owed``):
+        an install that journals no intent calls this before its rename, so the journal still
+        holds everything that preceded the rename, as a synced intent would have made it.  Whether
+        it synced."""
+        with self._lock:
+            if not self.owed or self.fd is None or self.broken:
+                return False
+            self.store.fdatasync(self.fd)
+            self.owed = False
+            return True
 
     def _cut(self, size: int) -> None:
         try:
@@ -249,6 +268,7 @@ class Journal:
         self.epoch = new_epoch
         self.entries_since_snapshot = 0
         self.size = 0
+        self.owed = False
         for name in self.store.listdir(META_DIR):
             if name.startswith("journal.") and name != f"journal.{new_epoch}":
                 self.store.unlink(f"{META_DIR}/{name}")
