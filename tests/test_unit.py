@@ -229,3 +229,57 @@ def test_recovery_drops_inflight_install_whose_directory_is_gone(tmp_path) -> No
     assert not rep.inflight_completed and "gone_dir/x.pt" not in rep.files
     assert store.listdir(STAGING) == []
     store.shutdown()
+
+
+def _crash_without_done_records(tmp_path, fs: CkptFS) -> list[dict]:
+    """Stop ``fs`` as a power loss would leave it before the unsynced tail of the journal reached
+    the disk: no final compaction, and every install's ``done`` record (engine/commit.py step 6)
+    dropped from the journal.  Returns the dropped records."""
+    fs.commit.compact = lambda: None  # type: ignore[method-assign]
+    fs.shutdown()
+    jpath = tmp_path / ".ckptfs" / f"journal.{fs.journal.epoch}"
+    entries, _ = decode_frames(jpath.read_bytes())
+    jpath.write_bytes(b"".join(encode_frame(e) for e in entries if not e.get("done")))
+    return [e for e in entries if e.get("done")]
+
+
+def test_records_travel_with_their_files_when_the_journal_tail_is_lost(tmp_path) -> None:
+    """R1: installs of new files journal no intent; when a power loss drops their unsynced done
+    records, recovery reads each record back from its file and verification still works.  A copy
+    made outside ckptfs (its xattr copied, another inode) stays untracked."""
+    fs = CkptFS(OsBackingStore(str(tmp_path)))
+    payload = {f"f{i}.bin": os.urandom(3000 + i) for i in range(5)}
+    for p, data in payload.items():
+        save(fs, p, data)
+    before = {p: fs.records[p] for p in payload}
+    assert all(os.getxattr(tmp_path / p, "user.ckptfs.rec") for p in payload)
+    dropped = _crash_without_done_records(tmp_path, fs)
+    assert {e["path"] for e in dropped} == set(payload)
+    (tmp_path / "copy.bin").write_bytes(payload["f0.bin"])
+    os.setxattr(tmp_path / "copy.bin", "user.ckptfs.rec", os.getxattr(tmp_path / "f0.bin", "user.ckptfs.rec"))
+    rep = recover(OsBackingStore(str(tmp_path)))
+    assert sorted(rep.records_adopted) == sorted(payload)
+    assert {p: rep.files[p] for p in payload} == before
+    assert "copy.bin" not in rep.files
+    from ckptfs.integrity.verify import load_offline, verify_file
+
+    st = load_offline(OsBackingStore(str(tmp_path)))
+    assert all(verify_file(OsBackingStore(str(tmp_path)), p, st.files[p]).ok for p in payload)
+
+
+def test_a_finished_rename_is_not_redone_over_a_later_install_at_its_source(tmp_path) -> None:
+    """An install whose record travels journals no intent, so a rename's intent can be the last
+    one in the journal although the rename finished and a new file was installed at its source
+    since: recovery must see the new inode there (the intent names the old one) and leave both
+    files (without the check it moved the new file over the renamed one)."""
+    fs = CkptFS(OsBackingStore(str(tmp_path)))
+    save(fs, "latest.tmp", b"step 1")
+    fs.rename("latest.tmp", "latest")
+    save(fs, "latest.tmp", b"step 2")
+    _crash_without_done_records(tmp_path, fs)
+    rep = recover(OsBackingStore(str(tmp_path)))
+    assert (tmp_path / "latest").read_bytes() == b"step 1"
+    assert (tmp_path / "latest.tmp").read_bytes() == b"step 2"
+    assert rep.inflight and rep.inflight.startswith("rename") and rep.inflight_completed
+    assert rep.files["latest"].size == 6 and rep.files["latest.tmp"].size == 6
+    assert rep.files["latest"].blake3 != rep.files["latest.tmp"].blake3
