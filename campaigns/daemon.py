@@ -119,6 +119,7 @@ class Chain:
         if kind != "random":
             lo, hi = nth_range(point)
             env["CKPTFS_CRASH_AT"] = f"{point}:{rng.randint(lo, hi)}"
+            env.update(crashpoints.POINT_ENV.get(point, {}))
         self.m.env = env
         self.m.start()
         reader = subprocess.Popen([sys.executable, "-c", HOLDER, str(self.dir)], stdout=subprocess.DEVNULL,

@@ -7,6 +7,11 @@ asserts it per call, the report counts it): the error reaches the caller; the
 path holds the old version, or - only when the failing call was the directory
 fsync after the atomic rename - the complete new one, never anything partial;
 staging is reclaimed; other paths keep working; recovery after a restart agrees.
+
+One call may absorb its error by design: ENOSPC from setting the record on the staged file
+(``records.XATTR``, engine/commit.py step 1) is what ext4 answers when the file's extended-attribute
+block is full; the install then journals the record before the rename instead and succeeds.  That
+outcome (no error, the complete new version, recovery agreeing) is counted as ``absorbed``.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from pathlib import Path
 from ckptfs import META_DIR
 from ckptfs.backing import OsBackingStore
 from ckptfs.fs import CkptFS
+from ckptfs.records import XATTR
 from ckptfs_testing.faults import FaultyStore
 
 OLD = b"old-version " * 5000
@@ -84,6 +90,7 @@ def fail_call(d: Path, mode: str, err: int, n: int) -> dict:
     rec_size = fs2.records["a.bin"].size
     fs2.shutdown()
     return {"n": n, "fired": store.fired[0] if store.fired else None,
+            "xattr": store.fired[1][1] if store.fired and store.fired[0] == "fsetxattr" else None,
             "errno": failed.errno if failed is not None else None,
             "content": "old" if content == OLD else "new" if content == NEW else "partial",
             "others_ok": others_ok, "staging_left": len(staging_left),
@@ -96,6 +103,13 @@ def sweep(base: Path, mode: str, err: int) -> list[dict]:
     return [fail_call(base / f"{mode}-{err}-{n}", mode, err, n) for n in range(1, total + 1)]
 
 
+def absorbed(o: dict, err: int) -> bool:
+    """The one designed exception (module docstring): ENOSPC setting the record on the staged
+    file, the install journaled the record instead and completed."""
+    return (o["fired"] == "fsetxattr" and o.get("xattr") == XATTR and err == errno.ENOSPC
+            and o["errno"] is None and o["content"] == "new")
+
+
 def violations(outcomes: list[dict], err: int) -> list[str]:
     """Per-call breaches of the invariants in the module docstring."""
     bad = []
@@ -103,9 +117,11 @@ def violations(outcomes: list[dict], err: int) -> list[str]:
         after_rename = o["fired"] == "fsync_dir"  # the only fsync_dir of an install follows its rename
         if o["fired"] is None:
             bad.append(f"call {o['n']} never happened")
-        if o["errno"] != err:
+        if absorbed(o, err):
+            pass  # (the journaled fallback: checked below like every other call)
+        elif o["errno"] != err:
             bad.append(f"call {o['n']} ({o['fired']}): caller saw errno {o['errno']}, not {err}")
-        if o["content"] == "partial" or (o["content"] == "new" and not after_rename):
+        if o["content"] == "partial" or (o["content"] == "new" and not after_rename and not absorbed(o, err)):
             bad.append(f"call {o['n']} ({o['fired']}): path holds {o['content']} content")
         if not o["others_ok"] or o["staging_left"] or not o["recovery_agrees"]:
             bad.append(f"call {o['n']} ({o['fired']}): others_ok={o['others_ok']} "
@@ -116,6 +132,7 @@ def violations(outcomes: list[dict], err: int) -> list[str]:
 def summary(outcomes: list[dict]) -> dict:
     """The report's columns for one (error, commit mode) sweep."""
     return {"calls_swept": len(outcomes), "errors_surfaced": sum(o["errno"] is not None for o in outcomes),
+            "absorbed_by_fallback": sum(absorbed(o, errno.ENOSPC) for o in outcomes),
             "partial_visible": sum(o["content"] == "partial" for o in outcomes),
             "old_intact": sum(o["content"] == "old" for o in outcomes),
             "new_complete_after_rename": sum(o["content"] == "new" for o in outcomes),

@@ -22,6 +22,12 @@ POINTS = (
     "recovery_replayed",   # recovery finished the in-flight op, before compaction
 )
 
+#: environment a point needs to be reached by a workload of new small files (tests, campaigns):
+#: ``intent_logged`` sits on the install path that journals an intent before the rename (a record
+#: too large to travel with its file, a backing fs without user xattrs, a kept generation), which
+#: CKPTFS_CARRY_RECORDS=0 makes every install take
+POINT_ENV: dict[str, dict[str, str]] = {"intent_logged": {"CKPTFS_CARRY_RECORDS": "0"}}
+
 GROUP_POINTS = (
     "group_commit_written",  # manifest + COMMIT durable, group_seal not yet journaled
     "retire_moved",          # retention moved a group to trash, not yet deleted

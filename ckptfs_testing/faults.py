@@ -50,7 +50,7 @@ class FaultyStore:
                 self.calls += 1
                 self.log.append((name, args if name != "pwrite" else (args[0], len(args[1]), args[2])))
                 if self.fail_at is not None and self.calls == self.fail_at and self.fired is None:
-                    self.fired = (name, args[:1])
+                    self.fired = (name, args[:2] if name.endswith("setxattr") else args[:1])  # (+ the xattr name)
                     raise OSError(self.errno, f"injected {errno.errorcode[self.errno]} in {name}: "
                                   f"{os.strerror(self.errno)}")
             return attr(*args, **kwargs)

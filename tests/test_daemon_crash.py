@@ -46,7 +46,7 @@ def test_crash_at_protocol_point(tmp_path: Path, point: str, commit: str) -> Non
     ack = tmp_path / "acks"
     # hit 1 of compact_snapshot is the compaction of the mount-time recovery
     nth = rng.randint(2, 4) if point == "compact_snapshot" else rng.randint(1, 3 * STEPS)
-    env = {"CKPTFS_CRASH_AT": f"{point}:{nth}", "CKPTFS_COMPACT_EVERY": "5"}
+    env = {"CKPTFS_CRASH_AT": f"{point}:{nth}", "CKPTFS_COMPACT_EVERY": "5", **crashpoints.POINT_ENV.get(point, {})}
     m = Mount(d, commit=commit, env=env).start()
     try:
         rc = run_workload(m, ack)
@@ -69,7 +69,7 @@ def test_crash_during_recovery_is_idempotent(tmp_path: Path) -> None:
     d = tmp_path / "ckpts"
     d.mkdir()
     ack = tmp_path / "acks"
-    m = Mount(d, env={"CKPTFS_CRASH_AT": "intent_logged:5"}).start()
+    m = Mount(d, env={"CKPTFS_CRASH_AT": "intent_logged:5", **crashpoints.POINT_ENV["intent_logged"]}).start()
     try:
         run_workload(m, ack)
         m.wait_dead()

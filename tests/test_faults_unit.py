@@ -24,5 +24,8 @@ def test_error_at_every_call_of_an_overwrite(tmp_path, err: int, mode: str) -> N
     assert len(outcomes) >= 6
     assert faultsweep.violations(outcomes, err) == []
     s = faultsweep.summary(outcomes)
-    assert s["errors_surfaced"] == s["calls_swept"] == len(outcomes)
+    # every error reaches the caller, but for ENOSPC setting the record on the file (a full xattr
+    # block: journaled instead, the save completes; faultsweep's one designed exception)
+    assert s["errors_surfaced"] + s["absorbed_by_fallback"] == s["calls_swept"] == len(outcomes)
+    assert s["absorbed_by_fallback"] == (1 if err == errno.ENOSPC else 0)
     assert s["partial_visible"] == 0 and s["old_intact"] >= 1

@@ -283,14 +283,22 @@ def test_metadata_corruption_never_trusted_never_crashes(tmp_path: Path) -> None
     with Mount(d):
         expect_eio(d / "f0.bin")
         assert read_all(d / "f1.bin") == b"\x01" * 3000
-    # 2. an inconsistent record (bad chunk list): that record is refused, the rest kept
+    # 2. an inconsistent record (bad chunk list): that record is refused (reported), the rest kept,
+    # and the file's own copy of its record (R1, records.XATTR) is read back: committed, verified
+    snap = decode_frames(snap_path.read_bytes())[0][0]
+    snap["files"]["f1.bin"]["chunks"] = "ab"
+    snap_path.write_bytes(_frame(snap))
+    with Mount(d):
+        assert xattr(d / "f1.bin", "status") == "committed" and xattr(d / "f2.bin", "status") == "committed"
+        assert read_all(d / "f1.bin") == b"\x01" * 3000
+        md = json.loads(xattr(d, "metadata"))
+        assert md["status"] == "corrupt" and "f1.bin" in md["problems"][0]
+    os.removexattr(d / "f1.bin", "user.ckptfs.rec")  # without that copy: untracked, as before R1
     snap = decode_frames(snap_path.read_bytes())[0][0]
     snap["files"]["f1.bin"]["chunks"] = "ab"
     snap_path.write_bytes(_frame(snap))
     with Mount(d):
         assert xattr(d / "f1.bin", "status") == "untracked" and xattr(d / "f2.bin", "status") == "committed"
-        md = json.loads(xattr(d, "metadata"))
-        assert md["status"] == "corrupt" and "f1.bin" in md["problems"][0]
     # 3. bit flip and truncation of the snapshot: distrusted, set aside, daemon serves
     for damage in ("flip", "truncate"):
         data = bytearray(snap_path.read_bytes())
@@ -317,9 +325,9 @@ def test_metadata_corruption_never_trusted_never_crashes(tmp_path: Path) -> None
     with Mount(d):
         md = json.loads(xattr(d, "metadata"))
         assert md["status"] == "corrupt" and any("journal" in p for p in md["problems"])
-        for i in range(3):  # records after the damage are not trusted: served as untracked files
+        for i in range(3):  # records after the damage are not trusted; each file's own (R1) is read back
             assert read_all(d / f"g{i}.bin") == bytes([9]) * 2000
-            assert xattr(d / f"g{i}.bin", "status") == "untracked"
+            assert xattr(d / f"g{i}.bin", "status") == "committed"
     assert any(p.name.startswith("corrupt-journal.") for p in (d / ".ckptfs").iterdir())
 
 

@@ -30,6 +30,7 @@ from campaigns.faultsweep import read, save  # the same direct CkptFS helpers as
 from ckptfs import META_DIR
 from ckptfs.backing import OsBackingStore
 from ckptfs.fs import CkptFS
+from ckptfs.records import XATTR
 from ckptfs_testing.faults import FaultyStore
 
 SHARDS = [f"step/shard_{i}.bin" for i in range(4)]  # not a group layout: file-level semantics (groups: test_groups)
@@ -87,9 +88,16 @@ def test_error_at_every_call_of_a_multi_file_save(tmp_path: Path, err: int, mode
                 fs.fsyncdir("")
             except OSError as e:
                 failed = failed or e
-        assert failed is not None and failed.errno in (err, errno.EIO), (n, store.fired, failed)
-        if store.fired[0] in ("pwrite", "fsync", "fdatasync", "rename", "fsync_dir", "open", "copy_range"):
-            assert failed.errno == err, (n, store.fired, failed)  # the injected errno itself, not a stand-in
+        # ENOSPC setting a file's record (records.XATTR) is a full xattr block on ext4: the install
+        # journals the record instead and the save completes (campaigns/faultsweep.py, "absorbed")
+        absorbed = err == errno.ENOSPC and store.fired[0] == "fsetxattr" and store.fired[1][1] == XATTR
+        if absorbed:
+            assert failed is None, (n, store.fired, failed)
+        else:
+            assert failed is not None and failed.errno in (err, errno.EIO), (n, store.fired, failed)
+        if store.fired[0] in ("pwrite", "fsync", "fdatasync", "rename", "fsync_dir", "open", "copy_range") \
+                and not absorbed:
+            assert failed is not None and failed.errno == err, (n, store.fired, failed)  # the injected errno
         got = [read(fs, p) for p in SHARDS]
         meta = read(fs, META)
         # complete versions only
@@ -103,7 +111,9 @@ def test_error_at_every_call_of_a_multi_file_save(tmp_path: Path, err: int, mode
         assert meta == metadata(1) or all(new), (n, store.fired, new)
         assert new == sorted(new, reverse=True), (n, store.fired, new)
         if all(new) and meta == metadata(2):  # all installed: only a failed post-rename directory fsync allows it
-            assert store.fired[0] == "fsync_dir", (n, store.fired)
+            assert store.fired[0] == "fsync_dir" or absorbed, (n, store.fired)
+        if absorbed:
+            assert all(new) and meta == metadata(2), (n, store.fired, new)
         # staging reclaimed now, while serving (a failed unlink of the staging file itself excepted)
         left = os.listdir(d / META_DIR / "staging")
         if not (store.fired[0] == "unlink" and "staging" in str(store.fired[1])):

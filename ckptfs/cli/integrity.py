@@ -193,8 +193,10 @@ def cmd_scrub(a: argparse.Namespace) -> int:
 
 
 def cmd_forget(a: argparse.Namespace) -> int:
-    """Accept offline changes: drop the records (and kept generations) of FILES."""
+    """Accept offline changes: drop the records (and kept generations) of FILES, also the one each
+    file carries (records.XATTR)."""
     from ckptfs.log.journal import Journal
+    from ckptfs.records import XATTR
     from ckptfs.recovery import recover
 
     d = os.path.abspath(a.dir)
@@ -212,6 +214,10 @@ def cmd_forget(a: argparse.Namespace) -> int:
                 print(f"ckptfs: {rel}: no record", file=sys.stderr)
             for g in rep.generations.pop(rel, []):
                 store.unlink(g.name)
+            try:  # the record the file itself carries (R1): else the next recovery reads it back
+                store.removexattr(rel, XATTR)
+            except OSError:
+                pass  # none on it (or no file)
         # the same state recovery's own compaction writes: records, aborts, groups, and the kept
         # generations (recover() set j.extra_state to read rep.generations, popped above)
         j.compact(rep.files, rep.aborts, {p: g.to_json() for p, g in rep.groups.items()})
