@@ -1212,14 +1212,20 @@ class CkptFS:
                         raise
 
                 self.commit.ns_op(entry, do, dirs)
-                self.grp.renamed(old, new)
+                if is_dir:  # (a file is never a group nor holds one)
+                    self.grp.renamed(old, new)
             with self.lock:
-                if on_disk:
+                if on_disk and is_dir:
                     pre = new + "/"
                     for k in [k for k in self.records if k == new or k.startswith(pre)]:
                         del self.records[k]
                     move_prefix(self.records, old, new)
-                    self.gens.on_rename(old, new, keep)
+                elif on_disk:  # a file: its own key only (the scans above cost O(records) per rename)
+                    self.records.pop(new, None)
+                    if old in self.records:
+                        self.records[new] = self.records.pop(old)
+                if on_disk:
+                    self.gens.on_rename(old, new, keep, is_dir)
                 displaced = self.pending.get(new)
                 if displaced is not None and displaced.state == staged.OPEN:
                     displaced.unlinked = True

@@ -205,14 +205,21 @@ class Generations:
         for g in _drop_prefix(self.table, path):
             self._remove(g)
 
-    def on_rename(self, old: str, new: str, keep: dict | None = None) -> None:
-        """``keep``: the replaced file at ``new`` was kept (its history goes on; ``old``'s ends)."""
+    def on_rename(self, old: str, new: str, keep: dict | None = None, is_dir: bool = True) -> None:
+        """``keep``: the replaced file at ``new`` was kept (its history goes on; ``old``'s ends).
+        ``is_dir`` False: a file, whose own key is all that moves (no scan of the table)."""
         if keep is not None:
             history = self.table.pop(new, [])
-            for g in _drop_prefix(self.table, old):
+            for g in _drop_prefix(self.table, old) if is_dir else self.table.pop(old, []):
                 self._remove(g)
             self.table[new] = [GenEntry(keep["name"], FileRecord.from_json(keep["rec"])), *history]
             self._prune(new)
+            return
+        if not is_dir:
+            for g in self.table.pop(new, []):
+                self._remove(g)
+            if old in self.table:
+                self.table[new] = self.table.pop(old)
             return
         for g in _drop_prefix(self.table, new):
             self._remove(g)
