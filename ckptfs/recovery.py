@@ -534,6 +534,17 @@ def recover(store: BackingStore, journal: Journal | None = None) -> RecoveryRepo
         except OSError:
             st = None
         verdict = classify(path, rec, st, owner)
+        if verdict != "ok" and st is not None:
+            # The inode there may carry its own record (R1), which describes it: an inode is never
+            # installed twice.  One that differs from the journal's, and is not the record of the
+            # path that owns the inode number (a file moved or swapped offline: still suspect),
+            # means the journal's is stale: a later install's done entry was lost and the inode
+            # number was reused.  Then that record is dropped and the carried one adopted below.
+            carried = carried_record(store, path)
+            if carried is not None and carried[0] != rec:
+                other = owner.get(st.st_ino)
+                if other is None or other == path or rep.files.get(other) != carried[0]:
+                    verdict = "drop"
         if verdict == "drop":
             del rep.files[path]
             rep.records_dropped.append(path)

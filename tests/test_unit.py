@@ -283,3 +283,29 @@ def test_a_finished_rename_is_not_redone_over_a_later_install_at_its_source(tmp_
     assert rep.inflight and rep.inflight.startswith("rename") and rep.inflight_completed
     assert rep.files["latest"].size == 6 and rep.files["latest.tmp"].size == 6
     assert rep.files["latest"].blake3 != rep.files["latest.tmp"].blake3
+
+
+def test_a_stale_journal_record_is_replaced_by_the_files_own_even_when_its_inode_number_was_reused(tmp_path) -> None:
+    """R1: a rewrite that journals no intent (no kept generation) loses its done entry; the journal
+    still names the previous inode, whose number another stale record holds too (inode numbers are
+    reused).  The file's own record is authoritative for its inode: adopted, not reported as a
+    swap (suspect), and every file verifies."""
+    fs = CkptFS(OsBackingStore(str(tmp_path)), keep_generations=0)
+    save(fs, "a.bin", b"a" * 4000)
+    save(fs, "b.bin", b"b" * 4000)
+    fs.shutdown()  # compacted: both records durable in the snapshot
+    fs = CkptFS(OsBackingStore(str(tmp_path)), keep_generations=0)
+    save(fs, "a.bin", b"A" * 5000)  # a new inode at a.bin; its done entry will be lost
+    _crash_without_done_records(tmp_path, fs)
+    new_ino = os.stat(tmp_path / "a.bin").st_ino
+    snap = tmp_path / ".ckptfs" / "snapshot"
+    state = decode_frames(snap.read_bytes())[0][0]
+    state["files"]["b.bin"]["ino"] = new_ino  # b's record names the number a.bin's new inode reuses
+    snap.write_bytes(encode_frame(state))
+    rep = recover(OsBackingStore(str(tmp_path)))
+    assert "a.bin" not in rep.suspect and "a.bin" in rep.records_adopted
+    assert rep.files["a.bin"].size == 5000 and rep.files["a.bin"].ino == new_ino
+    from ckptfs.integrity.verify import verify_file
+
+    assert verify_file(OsBackingStore(str(tmp_path)), "a.bin", rep.files["a.bin"]).ok
+    assert verify_file(OsBackingStore(str(tmp_path)), "b.bin", rep.files["b.bin"]).ok
