@@ -434,7 +434,7 @@ class CkptFS:
             except OSError as e:
                 log.warning("could not settle open groups at unmount (recovery will): %s", e)
             try:
-                self.commit.compact()
+                self.commit.compact(clean=True)
             except OSError as e:
                 log.warning("final compaction failed (recovery will replay the journal): %s", e)
             self.journal.close()

@@ -377,6 +377,7 @@ class RecoveryReport:
     problems: list[str] = field(default_factory=list)  # untrusted metadata (metadata.py)
     suspect: list[str] = field(default_factory=list)  # kept records whose file changed offline
     records_adopted: list[str] = field(default_factory=list)  # records read back from their files (R1)
+    walked: bool = False  # the tree was walked for them (not after a clean shutdown)
 
     def summary(self) -> str:
         s = f"replayed {self.replayed} journal entries"
@@ -550,7 +551,9 @@ def recover(store: BackingStore, journal: Journal | None = None) -> RecoveryRepo
             rep.records_dropped.append(path)
         elif verdict == "suspect":
             rep.suspect.append(path)
-    rep.records_adopted = adopt_carried(store, rep.files, rep.suspect)
+    rep.walked = not loaded.state.clean  # (a clean shutdown's snapshot: no journal entry can be lost)
+    if rep.walked:
+        rep.records_adopted = adopt_carried(store, rep.files, rep.suspect)
     rep.generations, probs = reconcile(store, {p: g for p, g in gens_raw.items() if p in rep.files})
     rep.problems += probs
     for p in rep.problems:

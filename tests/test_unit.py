@@ -235,7 +235,7 @@ def _crash_without_done_records(tmp_path, fs: CkptFS) -> list[dict]:
     """Stop ``fs`` as a power loss would leave it before the unsynced tail of the journal reached
     the disk: no final compaction, and every install's ``done`` record (engine/commit.py step 6)
     dropped from the journal.  Returns the dropped records."""
-    fs.commit.compact = lambda: None  # type: ignore[method-assign]
+    fs.commit.compact = lambda clean=False: None  # type: ignore[method-assign]
     fs.shutdown()
     jpath = tmp_path / ".ckptfs" / f"journal.{fs.journal.epoch}"
     entries, _ = decode_frames(jpath.read_bytes())
@@ -309,3 +309,21 @@ def test_a_stale_journal_record_is_replaced_by_the_files_own_even_when_its_inode
 
     assert verify_file(OsBackingStore(str(tmp_path)), "a.bin", rep.files["a.bin"]).ok
     assert verify_file(OsBackingStore(str(tmp_path)), "b.bin", rep.files["b.bin"]).ok
+
+
+def test_recovery_walks_for_carried_records_only_after_an_unclean_stop(tmp_path) -> None:
+    """R1's tree walk costs a getdents per directory and a getxattr per untracked file on every
+    mount; after a clean shutdown (its snapshot says so, nothing followed it) no journal entry can
+    be lost, so recovery skips it; after a crash it walks."""
+    fs = CkptFS(OsBackingStore(str(tmp_path)))
+    save(fs, "a.bin", b"a" * 100)
+    fs.shutdown()
+    assert not recover(OsBackingStore(str(tmp_path))).walked  # (this recovery's own snapshot is not clean)
+    assert recover(OsBackingStore(str(tmp_path))).walked
+    fs = CkptFS(OsBackingStore(str(tmp_path)))
+    fs.shutdown()
+    fs = CkptFS(OsBackingStore(str(tmp_path)))
+    save(fs, "b.bin", b"b" * 100)
+    _crash_without_done_records(tmp_path, fs)
+    rep = recover(OsBackingStore(str(tmp_path)))
+    assert rep.walked and rep.records_adopted == ["b.bin"]

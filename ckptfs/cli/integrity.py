@@ -220,7 +220,7 @@ def cmd_forget(a: argparse.Namespace) -> int:
                 pass  # none on it (or no file)
         # the same state recovery's own compaction writes: records, aborts, groups, and the kept
         # generations (recover() set j.extra_state to read rep.generations, popped above)
-        j.compact(rep.files, rep.aborts, {p: g.to_json() for p, g in rep.groups.items()})
+        j.compact(rep.files, rep.aborts, {p: g.to_json() for p, g in rep.groups.items()}, clean=True)
         print(f"ckptfs: {len(rep.files)} committed files remain recorded")
     finally:
         store.shutdown()

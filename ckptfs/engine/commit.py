@@ -377,9 +377,11 @@ class CommitEngine:
         if self.journal.entries_since_snapshot >= self.journal.compact_every:
             self.compact()
 
-    def compact(self) -> None:
-        """Write the whole state as the journal's snapshot (records, aborts, groups, generations)."""
-        self.journal.compact(self.records, list(self.aborts), self.groups.to_json() if self.groups else {})
+    def compact(self, clean: bool = False) -> None:
+        """Write the whole state as the journal's snapshot (records, aborts, groups, generations);
+        ``clean``: at a clean shutdown, nothing appended after it (recovery then skips R1's walk)."""
+        self.journal.compact(self.records, list(self.aborts), self.groups.to_json() if self.groups else {},
+                             clean=clean)
 
     def failed(self, v: Version, e: OSError) -> None:
         """A commit hit an I/O error: the data is treated as lost (never re-fsync)."""

@@ -213,8 +213,11 @@ def load_offline(store: BackingStore) -> OfflineState:
         except OSError:
             return False
 
-    r = replay(load_trusted(Journal(store)), last=last_done)
+    loaded = load_trusted(Journal(store))
+    r = replay(loaded, last=last_done)
     files, gens, problems = r.files, r.gens, r.problems
+    if loaded.state.clean:  # cleanly unmounted: the snapshot holds every record
+        return OfflineState(files, gens, problems)
     from ckptfs.recovery import adopt_carried, carried_record
 
     owner = {rec.ino: p for p, rec in files.items() if rec.ino}

@@ -95,6 +95,9 @@ class JournalState:
     aborts: list[dict] = field(default_factory=list)
     groups: dict[str, dict] = field(default_factory=dict)  # path -> GroupState json (groups.py)
     entries: list[dict] = field(default_factory=list)  # journal tail after the snapshot
+    # the snapshot was written by a clean shutdown and nothing followed it: no journal entry can
+    # have been lost, so recovery need not look for records the files carry (R1)
+    clean: bool = False
 
 
 class Journal:
@@ -140,11 +143,13 @@ class Journal:
                 st.files = {p: FileRecord.from_json(r) for p, r in snap["files"].items()}
                 st.aborts = list(snap.get("aborts", []))
                 st.groups = dict(snap.get("groups", {}))
+                st.clean = snap.get("clean") is True
             except (KeyError, ValueError, TypeError) as e:
                 raise CorruptMetadata(f"{SNAPSHOT}: {e}") from e
         jp = self.journal_path(st.epoch)
         if self.store.exists(jp):
             st.entries, _ = decode_frames(read_whole(self.store, jp))
+        st.clean = st.clean and not st.entries
         self.epoch = st.epoch
         return st
 
@@ -230,8 +235,9 @@ class Journal:
             self.fd = None
 
     def compact(self, files: dict[str, FileRecord], aborts: list[dict],
-                groups: dict[str, dict] | None = None) -> None:
-        """Write a snapshot of ``files`` as epoch+1 and retire the old journal.
+                groups: dict[str, dict] | None = None, clean: bool = False) -> None:
+        """Write a snapshot of ``files`` as epoch+1 and retire the old journal.  ``clean``: the
+        last write before a clean shutdown (JournalState.clean).
 
         Caller guarantees no operation is in flight.  Crash-safe at every step:
         until the new snapshot's rename is durable the old snapshot + journal
@@ -245,6 +251,8 @@ class Journal:
             "aborts": aborts[-100:],
             "groups": groups or {},
         }
+        if clean:
+            snap["clean"] = True
         if self.extra_state is not None:
             for k, v in self.extra_state().items():
                 snap.setdefault(k, v)

@@ -133,6 +133,7 @@ def load_trusted(journal: Journal) -> Loaded:
             out.quarantine = snap.get("quarantine")
             groups = snap.get("groups", {})
             st.groups = {p: g for p, g in groups.items() if isinstance(g, dict)} if isinstance(groups, dict) else {}
+            st.clean = snap.get("clean") is True
         except (KeyError, ValueError, TypeError) as e:
             out.snapshot_corrupt = True
             out.problems.append(f"snapshot corrupt ({e}); not trusted: records rebuilt from the journal "
@@ -147,5 +148,6 @@ def load_trusted(journal: Journal) -> Loaded:
             out.journal_corrupt_at = bad_at
             out.problems.append(f"journal.{st.epoch} corrupt at byte {bad_at} of {len(data)}: "
                                 f"{len(st.entries)} entries before it trusted, the rest ignored")
+    st.clean = st.clean and not st.entries and not out.problems
     journal.epoch = st.epoch
     return out
