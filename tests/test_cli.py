@@ -108,3 +108,29 @@ def test_signal_stops_foreground_daemon_cleanly(tmp_path, sig: int) -> None:
     st = Journal(OsBackingStore(str(d))).load()
     assert st.entries == [] and len(st.files) == 10  # shut down cleanly: nothing left to replay
     m.stop()
+
+
+def test_output_cut_short_by_the_reader_is_no_traceback(tmp_path) -> None:
+    """`ckptfs ls DIR | head -1`: the reader goes away after one line; ckptfs stops quietly with
+    the shell's SIGPIPE status (141), without the BrokenPipeError traceback it printed before."""
+    import torch
+
+    d = tmp_path / "ck"
+    d.mkdir()
+    with Mount(d):
+        for i in range(60):
+            g = d / f"checkpoint-{i}"
+            g.mkdir()
+            torch.save({"w": torch.zeros(2)}, g / "model.pt")
+            (g / "trainer_state.json").write_text("{}")
+    for entry in ([sys.executable, "-m", "ckptfs"], [sys.executable, "-m", "ckptfs.cli"]):
+        cmd = " ".join(entry) + f" ls {d} | head -1"
+        r = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, env=_env(), timeout=60)
+        assert r.stdout.startswith("STATE") and r.stdout.count("\n") == 1, r.stdout
+        assert "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr
+        # a reader that is gone before the first write (``true`` exits at once; ckptfs takes a while
+        # to start): every write fails with EPIPE
+        cmd = " ".join(entry) + f" ls {d} | true; echo rc=${{PIPESTATUS[0]}} >&2"
+        r = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, env=_env(), timeout=60)
+        assert "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr
+        assert r.stderr.strip().endswith("rc=141"), r.stderr

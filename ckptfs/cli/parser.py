@@ -50,3 +50,12 @@ def main(argv: list[str] | None = None) -> int:
         return e.code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # whoever read the output stopped (`ckptfs ls | head`): end quietly, as ls does (no
+        # traceback; the exit status a shell reports for SIGPIPE).  Python's final flush of stdout
+        # would fail again, so stdout goes to /dev/null first.
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except OSError:
+            pass
+        return 141
