@@ -78,21 +78,15 @@ def parent(pid: int) -> int | None:
 
 def is_alive(pid: int) -> bool:
     """True while ``pid`` exists and is not a zombie (or when /proc cannot tell)."""
-    try:  # raw os calls: this runs on lookups in open groups (no buffered-file setup per call)
-        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        text = _read_proc(pid, "stat")
     except FileNotFoundError:
         return False
     except OSError:
         return True
     try:
-        text = os.read(fd, 4096)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
-    try:
-        return text[text.rindex(b")") + 2:text.rindex(b")") + 3] not in (b"Z", b"X")
-    except ValueError:
+        return text[text.rindex(")") + 2] not in "ZX"
+    except (ValueError, IndexError):
         return True
 
 

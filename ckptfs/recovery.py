@@ -438,6 +438,22 @@ def carried_record(store: BackingStore, path: str) -> tuple[FileRecord, os.stat_
     return (rec, st) if rec.ino == st.st_ino else None
 
 
+def carried_instead(store: BackingStore, path: str, rec: FileRecord, st: os.stat_result,
+                    owner: dict[int, str], files: dict[str, FileRecord]) -> FileRecord | None:
+    """The record the inode at ``path`` carries, where it and not the journal's ``rec`` describes
+    that inode: an inode is installed once, so a carried record that differs from ``rec`` and is
+    not the record of the path owning that inode number (``owner``: a file moved or swapped
+    offline, left suspect) means ``rec`` is stale (a later install's done entry was lost, the inode
+    number reused).  None otherwise.  For paths :func:`classify` does not find ``ok``."""
+    got = carried_record(store, path)
+    if got is None or got[0] == rec:
+        return None
+    other = owner.get(st.st_ino)
+    if other is not None and other != path and files.get(other) == got[0]:
+        return None
+    return got[0]
+
+
 def adopt_carried(store: BackingStore, files: dict[str, FileRecord], suspect: list[str] | None = None) -> list[str]:
     """R1: give every regular file under the root (``.ckptfs`` excluded) that has no record the
     one its inode carries (records.XATTR), if that record names this very inode.  The install
@@ -535,17 +551,8 @@ def recover(store: BackingStore, journal: Journal | None = None) -> RecoveryRepo
         except OSError:
             st = None
         verdict = classify(path, rec, st, owner)
-        if verdict != "ok" and st is not None:
-            # The inode there may carry its own record (R1), which describes it: an inode is never
-            # installed twice.  One that differs from the journal's, and is not the record of the
-            # path that owns the inode number (a file moved or swapped offline: still suspect),
-            # means the journal's is stale: a later install's done entry was lost and the inode
-            # number was reused.  Then that record is dropped and the carried one adopted below.
-            carried = carried_record(store, path)
-            if carried is not None and carried[0] != rec:
-                other = owner.get(st.st_ino)
-                if other is None or other == path or rep.files.get(other) != carried[0]:
-                    verdict = "drop"
+        if verdict != "ok" and st is not None and carried_instead(store, path, rec, st, owner, rep.files):
+            verdict = "drop"  # (the carried record is adopted below)
         if verdict == "drop":
             del rep.files[path]
             rep.records_dropped.append(path)

@@ -6,6 +6,7 @@ Request counts come from the daemon's own counters (``user.ckptfs.stats``: ``fus
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -15,6 +16,7 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -133,10 +135,11 @@ def test_retention_removes_a_cached_group_at_once(tmp_path: Path) -> None:
         assert sorted(os.listdir(m.path)) == ["checkpoint-2"]
 
 
-def test_a_corrupt_group_found_by_the_scrubber_vanishes_from_the_cache(tmp_path: Path) -> None:
-    """CORRUPT then QUARANTINED: the daemon finds damage on its own (scrub); the group, cached by
-    stat, is gone for everyone without any request naming it."""
-    from test_groups import _damage, cli, save_hf_like
+@contextlib.contextmanager
+def _two_groups(tmp_path: Path) -> Iterator[tuple[Mount, Path]]:
+    """A mount (an hour's cache timeout, scrubs on demand only) over a separate backing directory,
+    with HF-like groups checkpoint-1 and checkpoint-2 saved: (mount, backing directory)."""
+    from test_groups import save_hf_like
 
     src, mp = tmp_path / "src", tmp_path / "mnt"
     src.mkdir()
@@ -144,13 +147,28 @@ def test_a_corrupt_group_found_by_the_scrubber_vanishes_from_the_cache(tmp_path:
     with Mount(mp, backing=src, extra_args=[*LONG, "--scrub-interval", "0"]) as m:
         save_hf_like(m.path, 1)
         save_hf_like(m.path, 2)
+        yield m, src
+
+
+def _scrub_a_corrupt_group(m: Mount, src: Path, gone: Path) -> None:
+    """Flip a bit in the newest group's backing files, scrub, wait (10 s at most) until ``gone``
+    no longer exists (the daemon quarantined the group on its own)."""
+    from test_groups import _damage, cli
+
+    _damage(src, "bitflip")
+    cli("scrub", str(m.path), "--wait", check=False)
+    deadline = time.monotonic() + 10
+    while gone.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def test_a_corrupt_group_found_by_the_scrubber_vanishes_from_the_cache(tmp_path: Path) -> None:
+    """CORRUPT then QUARANTINED: the daemon finds damage on its own (scrub); the group, cached by
+    stat, is gone for everyone without any request naming it."""
+    with _two_groups(tmp_path) as (m, src):
         g2 = m.path / "checkpoint-2"
         assert g2.is_dir() and (g2 / "model.pt").is_file()  # cached
-        _damage(src, "bitflip")
-        cli("scrub", str(m.path), "--wait", check=False)
-        deadline = time.monotonic() + 10
-        while g2.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        _scrub_a_corrupt_group(m, src, g2)
         assert not g2.exists()
         assert os.listdir(m.path) == ["checkpoint-1"]
 
@@ -193,25 +211,14 @@ def test_a_cached_listing_is_dropped_by_a_change_the_daemon_makes_on_its_own(tmp
     """C2: the scrubber quarantines a corrupt group without any request naming its parent; the
     parent's cached listing is dropped by the event, not only by the directory's new mtime (reset
     here to the cached one, as a change within one timestamp tick would leave it)."""
-    from test_groups import _damage, cli, save_hf_like
-
-    src, mp = tmp_path / "src", tmp_path / "mnt"
-    src.mkdir()
-    mp.mkdir()
-    with Mount(mp, backing=src, extra_args=[*LONG, "--scrub-interval", "0"]) as m:
-        save_hf_like(m.path, 1)
-        save_hf_like(m.path, 2)
+    with _two_groups(tmp_path) as (m, src):
         time.sleep(0.2)  # (sealed)
         assert sorted(os.listdir(m.path)) == ["checkpoint-1", "checkpoint-2"]
         n0 = stats(m).get("fuse_readdir", 0)
         assert sorted(os.listdir(m.path)) == ["checkpoint-1", "checkpoint-2"]
         assert stats(m).get("fuse_readdir", 0) == n0  # cached
         st = os.stat(src)
-        _damage(src, "bitflip")
-        cli("scrub", str(m.path), "--wait", check=False)
-        deadline = time.monotonic() + 10
-        while (src / "checkpoint-2").exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        _scrub_a_corrupt_group(m, src, src / "checkpoint-2")
         assert not (src / "checkpoint-2").exists(), "the scrubber did not quarantine the group"
         os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))
         time.sleep(0.3)  # the notifier thread

@@ -218,18 +218,18 @@ def load_offline(store: BackingStore) -> OfflineState:
     files, gens, problems = r.files, r.gens, r.problems
     if loaded.state.clean:  # cleanly unmounted: the snapshot holds every record
         return OfflineState(files, gens, problems)
-    from ckptfs.recovery import adopt_carried, carried_record
+    from ckptfs.recovery import adopt_carried, carried_instead, classify
 
     owner = {rec.ino: p for p, rec in files.items() if rec.ino}
     for path, rec in list(files.items()):  # a newer install whose journal entry a power loss dropped (R1)
         try:
-            ino = store.lstat(path).st_ino
+            st = store.lstat(path)
         except OSError:
             continue
-        if rec.ino and ino != rec.ino and owner.get(ino, path) == path:  # (not a swap: verification flags those)
-            newer = carried_record(store, path)
+        if classify(path, rec, st, owner) != "ok":
+            newer = carried_instead(store, path, rec, st, owner, files)
             if newer is not None:
-                files[path] = newer[0]
+                files[path] = newer
     adopt_carried(store, files)
     return OfflineState(files, gens, problems)
 
