@@ -81,11 +81,12 @@ def median(xs: list[float]) -> float:
     return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
 
-def daemon(d: Path, commit: str, transport: str = "kernel", cache_timeout: float | None = None) -> Mount:
+def daemon(d: Path, commit: str, transport: str = "kernel", cache_timeout: float | None = None,
+           env: dict[str, str] | None = None) -> Mount:
     """Start a foreground ``ckptfs mount -f D --commit C --transport T`` (in place); the caller
     stops it (``.stop()``).  ``cache_timeout``: the kernel transport's cache timeout (default: the
-    daemon's own)."""
+    daemon's own); ``env``: more environment for the daemon (``CKPTFS_WRITE_PASSTHROUGH=0``)."""
     args = ["--transport", transport]
     if cache_timeout is not None and transport == "kernel":
         args += ["--cache-timeout", str(cache_timeout)]
-    return Mount(d, commit=commit, extra_args=args, stop_timeout=300).start(timeout=30)
+    return Mount(d, commit=commit, env=env, extra_args=args, stop_timeout=300).start(timeout=30)

@@ -61,7 +61,13 @@ def durable_sync(fd: int) -> None:
 
 
 class BackingStore(Protocol):
-    """Operations on the backing directory.  All raise OSError on failure."""
+    """Operations on the backing directory.  All raise OSError on failure.
+
+    ``bypassable``: whether the kernel may read and write a file's bytes without this interface
+    (FUSE passthrough).  False for a store that must see every byte (fault injection, the model
+    checker's recording store): with it every read and write goes through the daemon."""
+
+    bypassable: bool
 
     def open(self, path: str, flags: int, mode: int = 0o644) -> int: ...
     def close(self, fd: int) -> None: ...
@@ -106,6 +112,8 @@ class BackingStore(Protocol):
 
 class OsBackingStore:
     """BackingStore over a real directory, all calls relative to ``root_fd``."""
+
+    bypassable = True
 
     def __init__(self, root: str | int) -> None:
         if isinstance(root, int):

@@ -190,6 +190,10 @@ class CkptFS:
         # what other processes see of a file being written; what a killed writer leaves (V1, V2)
         self.vis = Visibility(self.rules, lambda p: self.grp.group_of(p) is not None)
         self.isolate_writers = os.environ.get("CKPTFS_WRITER_DIRECT_IO", "1") != "0"
+        # passthrough (the kernel reads and writes backing files without the daemon) only where the
+        # store need not see every byte; writers only if CKPTFS_WRITE_PASSTHROUGH is not 0 (W1)
+        self.bypass_ok = bool(getattr(store, "bypassable", False))
+        self.write_passthrough = self.bypass_ok and os.environ.get("CKPTFS_WRITE_PASSTHROUGH", "1") != "0"
         self.killing_signal = procinfo.killing_signal  # is a closing process dying? (a seam for the model checker)
         # checkpoint paths an O_TRUNC rewrite is about to start at -> the processes (tgids) starting them
         self.arriving: dict[str, list[int]] = {}
@@ -402,11 +406,98 @@ class CkptFS:
         fuse/passthrough.py.)  A committed file is verified completely first (once per version):
         the daemon sees none of the reads that follow.  Raises EIO if it is corrupt."""
         h = self.handles.get(fh)
-        if h is None or h.writable or h.version is not None or h.fd is None:
+        if h is None or h.writable or h.version is not None or h.fd is None or not self.bypass_ok:
             return None
         self.integrity.verify_whole(h.fd)
         self.stats["passthrough_candidates"] += 1  # the transport counts those it grants (passthrough_opens)
         return h.fd
+
+    def write_passthrough_fd(self, fh: int) -> int | None:
+        """The staging fd the kernel may write (and read) directly for writer handle ``fh`` (FUSE
+        passthrough), or None.  Only a checkpoint file's new version made by this very open (a
+        create or an O_TRUNC rewrite, not an append) that no other handle shares: the bulk writes
+        of a save.  A grant must be followed by :meth:`bypass` before the open is answered."""
+        if not self.write_passthrough:
+            return None
+        h = self.handles.get(fh)
+        if h is None or not h.writable or h.appending or not h.published or not self.isolates(h.path):
+            return None
+        v = h.version
+        with self.lock:
+            if (v is None or v.state != staged.OPEN or v.refs != 1 or v.writers != 1 or v.doomed
+                    or v.unlinked or v.size):
+                return None
+        return v.fd
+
+    def bypass(self, fh: int) -> None:
+        """The transport gave ``fh``'s version to the kernel to write (W1): the daemon will see none
+        of its writes, so its digest is computed from the staging file when it is sealed."""
+        v = self._handle(fh).version
+        assert v is not None
+        with v.lock:
+            v.bypassed = True
+            v.digest.stale = True
+            v.shows_ino = v.ino
+        self.stats["passthrough_writers"] += 1
+
+    def _after_bypass(self, v: Version, wait: bool = False) -> None:
+        """W2: the kernel writes a bypassed version's staging file for as long as its handle is open,
+        also after the version was sealed and installed (an fsync, then more writes; a forked child
+        writing after its parent's close), and nothing stops those writes.  So at every fsync, flush
+        and the release of such a handle: if the bytes changed since the seal (size or mtime), they
+        are committed again, as a new version of the path that shows them now (``wait``: durably
+        before returning, for an fsync)."""
+        if v.state == staged.OPEN or not v.sealed_key:
+            return
+        if v.state in (staged.QUEUED, staged.COMMITTING):
+            v.done.wait()  # its install first (async mode)
+        if v.state != staged.INSTALLED:
+            return
+        try:
+            st = self.store.fstat(v.fd)
+        except OSError:
+            return
+        if (st.st_size, st.st_mtime_ns) == v.sealed_key:
+            return
+        path = self._path_showing(v.shows_ino)
+        v.sealed_key = (st.st_size, st.st_mtime_ns)  # (before the copy: a write during it is found next time)
+        if path is None:
+            return  # unlinked or replaced since: no path shows these bytes, as natively
+        log.warning("%s: written through its open file after it was committed (passthrough): "
+                    "committing its bytes again", path)
+        self.stats["passthrough_reseals"] += 1
+        nv = self.staging.new_version(path, 0, NOBODY, src_fd=v.fd, like=st, xattrs_from=v.fd)
+        nv.keep_prev = False  # what it replaces no longer holds its recorded bytes: never a generation
+        with self.lock:
+            cur = self.pending.get(path)
+            newer = cur is not None and cur.state == staged.OPEN
+            if not newer:
+                self.pending[path] = nv
+                nv.refs = nv.writers = 1
+        if newer:  # a newer version is being written there: it replaces these bytes anyway
+            self.staging.drop_staging(nv)
+            return
+        fh = self._new_fh(Handle(path=path, writable=True, version=nv, published=True))
+        try:
+            self.commit.commit(nv, wait=wait)
+            v.shows_ino = nv.ino
+        except OSError:
+            self.commit.unpublish(nv)  # refused or failed: the path shows what it showed
+            raise
+        finally:
+            self.release(fh)
+
+    def _path_showing(self, ino: int) -> str | None:
+        """The committed path whose backing file is inode ``ino`` (a renamed file moved its record)."""
+        with self.lock:
+            paths = [p for p, r in self.records.items() if r.ino == ino]
+        for p in paths:
+            try:
+                if self.store.lstat(p).st_ino == ino:
+                    return p
+            except OSError:
+                continue
+        return None
 
     def handles_at(self, path: str) -> list[int]:
         """The open handles at ``path``."""
@@ -833,6 +924,8 @@ class CkptFS:
     def flush(self, fh: int, caller: Caller = NOBODY) -> None:
         h = self._handle(fh)
         v = h.version
+        if h.writable and v is not None and v.bypassed and v.state != staged.OPEN:
+            self._after_bypass(v)
         if not h.writable or v is None or v.state != staged.OPEN or not v.dirty:
             return
         if v.doomed:
@@ -869,6 +962,8 @@ class CkptFS:
         v = h.version
         if v is None:
             return
+        if h.writable and v.bypassed and v.state != staged.OPEN:
+            self._after_bypass(v, wait=True)  # written since its install: committed again, durably (W2)
         if v.doomed:  # a write failed: never committed, and every fsync says so (never success after EIO)
             raise _err(v.doomed_errno or errno.EIO, f"ckptfs: {v.path} not committed: {v.doomed}")
         if (v.state == staged.OPEN and v.dirty and not v.unlinked) or v.state in (staged.QUEUED, staged.COMMITTING):
@@ -922,6 +1017,11 @@ class CkptFS:
         v = h.version
         if v is None:
             return
+        if h.writable and v.bypassed and v.state != staged.OPEN:
+            try:
+                self._after_bypass(v)  # no write can follow this one (W2)
+            except OSError as e:
+                log.error("%s: bytes written after its commit could not be committed: %s", v.path, e)
         commit_now = drop = False
         abort = None
         with self.lock:  # the decision and the tables only: the journal and the disk after (I5)

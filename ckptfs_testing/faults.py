@@ -21,6 +21,8 @@ MUTATING = ("open", "pwrite", "ftruncate", "fsync", "fdatasync", "copy_range", "
 
 
 class FaultyStore:
+    bypassable = False  # every byte through this store (backing.BackingStore: no passthrough)
+
     def __init__(self, inner: BackingStore, ops: tuple[str, ...] = MUTATING) -> None:
         self.inner = inner
         self.ops = ops

@@ -120,6 +120,8 @@ class RecordingStore:
     lock, so the log order is the order the calls took effect.
     """
 
+    bypassable = False  # every byte through this store (backing.BackingStore: no passthrough)
+
     def __init__(self, inner: BackingStore) -> None:
         self.inner = inner
         self.log: list[tuple] = []
@@ -159,6 +161,8 @@ class InoMapStore:
     state rebuilt in a scratch directory has fresh inodes, so they are mapped
     back (``real -> recorded``); unknown inodes are shifted by ``INO_OFFSET``.
     """
+
+    bypassable = False  # every byte through this store (backing.BackingStore: no passthrough)
 
     def __init__(self, inner: BackingStore, real_to_rec: dict[int, int]) -> None:
         self.inner = inner

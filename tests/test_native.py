@@ -254,6 +254,90 @@ def test_passthrough_off_serves_reads_through_the_daemon(tmp_path: Path) -> None
         assert s1.get("fuse_read", 0) > s0.get("fuse_read", 0) and not s1.get("passthrough_opens")
 
 
+def _verify_offline(backing: Path) -> str:
+    """``ckptfs verify`` of an unmounted backing directory: every record against its file."""
+    r = subprocess.run([sys.executable, "-m", "ckptfs", "verify", str(backing)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
+@pytest.mark.parametrize("bypass", [True, False], ids=["passthrough", "streamed"])
+def test_a_checkpoint_writer_writes_its_staging_file_directly(tmp_path: Path, bypass: bool) -> None:
+    """P7/W1: a torch.save of a checkpoint file: with write passthrough no WRITE reaches the daemon
+    (the kernel writes the staging file), the digest is computed from it at the seal, and the
+    committed file's record verifies, through the mount and offline.  A process opening the path
+    while the save is half-way reads the previous version (V1).  With CKPTFS_WRITE_PASSTHROUGH=0
+    the same save streams its writes, and its digest, through the daemon."""
+    d = tmp_path / "m"
+    d.mkdir()
+    env = None if bypass else {"CKPTFS_WRITE_PASSTHROUGH": "0"}
+    with Mount(d, env=env) as m:
+        p = m.path / "model.pt"
+        torch.save({"w": torch.zeros(1 << 16)}, p)
+        old = p.read_bytes()
+        s0 = stats(m)
+        src = tmp_path / "new.pt"
+        torch.save({"w": torch.randn(1 << 20)}, src)
+        # the writer is another process (its own descendants would see its version: read-your-writes)
+        w = subprocess.Popen([sys.executable, "-c", f"import sys\nf = open({str(p)!r}, 'wb')\n"
+                              f"data = open({str(src)!r}, 'rb').read()\nf.write(data[:len(data) // 2])\n"
+                              "f.flush()\nprint('half', flush=True)\nsys.stdin.readline()\n"
+                              "f.write(data[len(data) // 2:])\nf.close()"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            assert w.stdout is not None and w.stdin is not None
+            assert w.stdout.readline().strip() == "half"
+            assert p.read_bytes() == old  # mid-save: the committed version, whole (V1)
+            w.stdin.write("go\n")
+            w.stdin.close()
+            assert w.wait(60) == 0
+        finally:
+            if w.poll() is None:
+                w.kill()
+                w.wait()
+        s1 = stats(m)
+        assert p.read_bytes() == src.read_bytes()
+        assert os.getxattr(p, "user.ckptfs.status") == b"committed"
+        writes = s1.get("fuse_write", 0) - s0.get("fuse_write", 0)
+        if bypass:
+            assert s1.get("passthrough_writers", 0) == s0.get("passthrough_writers", 0) + 1
+            assert writes == 0, writes
+        else:
+            assert not s1.get("passthrough_writers") and writes > 0
+    assert "0 corrupt" in _verify_offline(d)
+
+
+def test_bytes_written_through_a_passthrough_writer_after_its_commit_are_committed(tmp_path: Path) -> None:
+    """W2: the kernel writes a passthrough writer's file for as long as it is open, also after an
+    fsync installed it (write, fsync, write more) and after the parent's close when a forked child
+    still holds the open file.  Those bytes are committed again (at the next fsync, close or
+    release): the file shows all of them and its record verifies, where a record left from the
+    first commit would make every open fail with EIO."""
+    d = tmp_path / "m"
+    d.mkdir()
+    with Mount(d) as m:
+        p = m.path / "model.pt"
+        a, b = os.urandom(3 << 20), os.urandom(5000)
+        with open(p, "wb") as f:
+            f.write(a)
+            f.flush()
+            os.fsync(f.fileno())
+            f.write(b)
+            f.flush()
+            os.fsync(f.fileno())  # durable now, as natively
+            assert stats(m).get("passthrough_reseals", 0) == 1
+            f.write(b)
+        assert p.read_bytes() == a + b + b
+        q = m.path / "opt.pt"
+        run_py(f"import os, time\nf = open({str(q)!r}, 'wb')\nf.write(b'parent')\nf.flush()\n"
+               "pid = os.fork()\nif pid == 0:\n    time.sleep(0.5)\n    os.write(f.fileno(), b'child')\n"
+               "    os._exit(0)\nf.close()\nos.waitpid(pid, 0)")
+        assert q.read_bytes() == b"parentchild"
+        s = stats(m)
+        assert s.get("passthrough_writers", 0) >= 2 and s.get("passthrough_reseals", 0) >= 3
+    assert "0 corrupt" in _verify_offline(d)
+
+
 def test_a_writer_meeting_passthrough_readers_gets_a_new_node(tmp_path: Path) -> None:
     """P2: readers open on the committed file keep reading it; the rewrite lands on a fresh kernel
     inode (an ESTALE retry) instead of failing with EIO; a new open sees the new version."""

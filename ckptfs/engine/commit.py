@@ -56,6 +56,7 @@ log = logging.getLogger("ckptfs")
 #: a record with more chunk digests than this is journaled before the rename instead of carried
 #: (64 hex characters per MiB: 32 MiB -> ~2.3 KB, inside one ext4 xattr block beside others)
 CARRY_MAX_CHUNKS = 32
+WRITEBACK_AHEAD = 1 << 20  # a bypassed version larger than this starts its writeback before it is hashed
 _NO_CARRY = (errno.ENOTSUP, errno.EOPNOTSUPP, errno.E2BIG, errno.ERANGE, errno.ENOSPC, errno.EPERM)
 
 
@@ -203,10 +204,22 @@ class CommitEngine:
                 if self.groups is not None:
                     self.groups.write_refused(v.path, reason)
                 raise _err(errno.EIO, f"ckptfs: refusing to commit incomplete {v.path}: {reason}")
-        got = v.digest.finish(size)
-        if got is None:
-            self.stats["rehashes"] += 1
-            got = digest_fd(self.store, v.fd, size)
+        flusher = None
+        if v.bypassed:
+            v.sealed_key = (size, st.st_mtime_ns)  # a later write changes it (fs.CkptFS._after_bypass)
+            if size > WRITEBACK_AHEAD:
+                # the kernel wrote its bytes without us: start their writeback while they are hashed
+                flusher = threading.Thread(target=self.store.writeback_hint, args=(v.fd, 0, size),
+                                           name="ckptfs-writeback", daemon=True)
+                flusher.start()
+        try:
+            got = v.digest.finish(size)
+            if got is None:
+                self.stats["rehashes"] += 1
+                got = digest_fd(self.store, v.fd, size, parallel=v.bypassed)
+        finally:
+            if flusher is not None:
+                flusher.join()
         v.record = FileRecord(  # generation is assigned at install, in commit order
             size=size, blake3=got[0], chunks=got[1], generation=0,
             committed_at=time.time(), ino=st.st_ino,
@@ -268,7 +281,7 @@ class CommitEngine:
         carried = self.carry_record(v, rec)
         self.sync_data(v)
         crashpoints.hit("stage_synced")
-        keep = self.keep_plan(v.path, prev)  # previous generation kept (generations.py)
+        keep = self.keep_plan(v.path, prev) if v.keep_prev else None  # previous generation kept (generations.py)
         entry: dict[str, Any] = {"op": "install", "path": v.path, "staging": v.staging, "rec": rec.to_json()}
         if keep:
             entry["keep"] = keep

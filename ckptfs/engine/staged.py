@@ -66,6 +66,13 @@ class Version:
     appending: bool = False  # opened with O_APPEND: a log, never isolated from readers
     base: int = 0  # size of the committed bytes it started from (0: a new or truncated file)
     extends: bool = True  # only extends those bytes: no write below ``base``, no truncate below it
+    # written by the kernel straight into its staging file (FUSE passthrough, CkptFS.bypass): the
+    # daemon sees none of those writes, so its digest is computed at seal, and a write that reaches
+    # the file after the seal is found by ``sealed_key`` (size, mtime) and sealed again (W2)
+    bypassed: bool = False
+    sealed_key: tuple = ()
+    shows_ino: int = 0  # bypassed: the backing inode whose path shows its bytes once installed
+    keep_prev: bool = True  # False: the file it replaces is no generation to keep (written in place, W2)
 
 
 @dataclass(eq=False)

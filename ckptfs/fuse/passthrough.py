@@ -31,6 +31,12 @@ P5  A writer answered ESTALE comes back at once (the VFS repeats the lookup and 
     reaches the application).
 P6  A rewrite of a checkpoint file (V1) never lands on a node with read-only cached or direct opens:
     see :meth:`Passthrough.writer_arrives`.
+P7  A writer's new version of a checkpoint file (a create or an O_TRUNC rewrite no other handle
+    shares, :meth:`CkptFS.write_passthrough_fd`) on a node with no other open is given passthrough
+    to its *staging* file: the kernel writes (and reads back) its bytes directly, no WRITE reaches
+    the daemon, and the version's digest is computed from the staging file at its seal.  The
+    node's key names the writer's handle, so every other open of the node is split off (P2) while
+    it is open.  A write after the seal goes to the installed file: fs.CkptFS._after_bypass (W2).
 P3  Where registering a backing file fails (no CAP_SYS_ADMIN, a backing filesystem that stacks
     too deep: ELOOP, no kernel support), the open falls back to daemon reads; counted in
     ``user.ckptfs.stats`` (``passthrough_fallbacks``) and logged once.
@@ -141,6 +147,11 @@ class Passthrough:
     def choose(self, fh: int, node: Node, direct: bool) -> tuple[int, int]:
         """(open flags, backing id) for handle ``fh`` just opened on ``node``; raises ESTALE (P2)
         where the node cannot serve it (the adapter then abandons the core's handle)."""
+        wfd = self.fs.write_passthrough_fd(fh)
+        if wfd is not None:
+            got = self._writer(fh, node, wfd)
+            if got is not None:
+                return got
         fd = self.fs.passthrough_fd(fh)
         with self.lock:
             if fd is None and node.pt_opens > 0:
@@ -167,6 +178,23 @@ class Passthrough:
             node.cached_opens += 1
             self.mode[fh] = (node, CACHED)
             return 0, 0
+
+    def _writer(self, fh: int, node: Node, wfd: int) -> tuple[int, int] | None:
+        """P7: a writer's new version (CkptFS.write_passthrough_fd) on a node nothing else has open:
+        the kernel writes its staging file directly.  The node's key names this handle, so no other
+        open can share the node while it is open (each is answered ESTALE and split off, P2).
+        None: the node is in use, or registering failed (P3); the writer goes through the daemon."""
+        with self.lock:
+            if node.opens or node.pt_opens or node.cached_opens or node.direct_opens:
+                self.fs.stats["passthrough_writers_refused"] += 1
+                return None
+            bid = self._register(wfd)
+            if bid is None:
+                return None
+            node.pt_backing, node.pt_key, node.pt_opens = bid, ("writer", fh), 1
+            self.mode[fh] = (node, PASSTHROUGH)
+        self.fs.bypass(fh)  # before the reply: no write of the application's can precede it
+        return k.FOPEN_PASSTHROUGH, bid
 
     def _stale(self, node: Node) -> OSError:
         self.ops.nodes.detach(node)

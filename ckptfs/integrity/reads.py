@@ -216,8 +216,10 @@ class Integrity:
             st = self.store.lstat(path)
         except OSError:
             return None
-        if st.st_ino != prev.ino:
-            return None  # the path does not hold the recorded version: nothing to keep
+        if st.st_ino != prev.ino or st.st_size != prev.size:
+            # the path does not hold the recorded version (another file; or this one written in
+            # place since, through a passthrough writer's open file: fs.CkptFS._after_bypass)
+            return None
         if st.st_nlink > 1:
             # a hard link names it elsewhere (cp -al, rsync --link-dest): it stays there, and a kept
             # link would show as an extra st_nlink on that name (pjdfstest rename/23)
