@@ -122,12 +122,12 @@ def run(a: argparse.Namespace, base: Path) -> dict:
         print("w5", res["w5"], flush=True)
         res["w6"] = {}
         for m, dm in daemons.items() if "W6" in on else ():
-            before_cpu, before_bytes = dm.cpu_s(), dm.stats().get("bytes_written", 0)
+            before_cpu, before_bytes = dm.cpu_s(), _written(dm.stats())
             rss: list[int] = []
             took = stream_write(base / m / "w6.bin", a.w6_mib, lambda dm=dm, rss=rss: rss.append(dm.rss_kib()[0]))
             if m == "ckptfs-async":
                 fsync_path(base / m, directory=True)
-            cpu, written = dm.cpu_s(), dm.stats().get("bytes_written", 0)
+            cpu, written = dm.cpu_s(), _written(dm.stats())
             os.unlink(base / m / "w6.bin")
             res["w6"][m] = {
                 "peak_rss_mib": dm.rss_kib()[1] / 1024, "stream_rss_max_mib": max(rss) / 1024,
@@ -167,6 +167,12 @@ def _only(text: str) -> list[str]:
             raise argparse.ArgumentTypeError(f"unknown workload {w!r} (choose from {','.join(WORKLOADS)},tools)")
         out.append(names[w.strip().lower()])
     return out
+
+
+def _written(st: dict) -> int:
+    """Bytes the daemon committed for writers: those it wrote (WRITE requests) and those the kernel
+    wrote into a staging file itself (writer passthrough)."""
+    return st.get("bytes_written", 0) + st.get("bytes_passed_through", 0)
 
 
 def main() -> None:

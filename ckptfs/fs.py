@@ -88,6 +88,10 @@ log = logging.getLogger("ckptfs")
 
 ENODATA = getattr(errno, "ENODATA", getattr(errno, "ENOATTR", 61))
 WRITEBACK_WINDOW = 8 << 20  # staged data is pushed to disk in windows of this size while written
+# writer passthrough (W3): granted only with at least this much free (or a quarter of the filesystem);
+# a version it wrote is refused with ENOSPC if less than DISK_FULL_MARGIN (or 5 %) is free at its seal
+PASSTHROUGH_WRITE_MIN_FREE = 1 << 30
+DISK_FULL_MARGIN = 64 << 20
 
 
 
@@ -427,7 +431,36 @@ class CkptFS:
             if (v is None or v.state != staged.OPEN or v.refs != 1 or v.writers != 1 or v.doomed
                     or v.unlinked or v.size):
                 return None
+        free, total = self._space()
+        if free < min(PASSTHROUGH_WRITE_MIN_FREE, total // 4):
+            self.stats["passthrough_writers_low_space"] += 1
+            return None  # W3: the daemon sees every write (and its ENOSPC) where space is short
         return v.fd
+
+    def _space(self) -> tuple[int, int]:
+        """(bytes free, size) of the backing filesystem (as root writes: f_bfree)."""
+        try:
+            sv = self.store.statvfs()
+        except OSError:
+            return 0, 0
+        return sv.f_bfree * sv.f_frsize, sv.f_blocks * sv.f_frsize
+
+    def _check_space_after_bypass(self, v: Version) -> None:
+        """W3: a write the kernel made for a passthrough writer that failed with ENOSPC reached the
+        application, never the daemon, and the writer may close the file anyway: a cut-off version
+        must not replace the committed one.  If the backing filesystem is (nearly) full when such a
+        version is sealed, it is refused with ENOSPC, as a write the daemon saw fail is; a save that
+        filled the disk exactly is refused too (it cannot be told from a cut-off one)."""
+        if not v.bypassed:
+            return
+        free, total = self._space()
+        if free >= min(DISK_FULL_MARGIN, total // 20):
+            return
+        v.doomed = "the backing filesystem filled up while it was written (a write may have failed)"
+        v.doomed_errno = errno.ENOSPC
+        self.stats["passthrough_writers_disk_full"] += 1
+        self.commit.unpublish(v)
+        raise _err(errno.ENOSPC, f"ckptfs: {v.path} not committed: {v.doomed}")
 
     def bypass(self, fh: int) -> None:
         """The transport gave ``fh``'s version to the kernel to write (W1): the daemon will see none
@@ -949,6 +982,7 @@ class CkptFS:
             return
         if v.unlinked:
             return
+        self._check_space_after_bypass(v)
         try:
             self.commit.commit(v, wait=False)
         except OSError:
@@ -966,6 +1000,8 @@ class CkptFS:
             self._after_bypass(v, wait=True)  # written since its install: committed again, durably (W2)
         if v.doomed:  # a write failed: never committed, and every fsync says so (never success after EIO)
             raise _err(v.doomed_errno or errno.EIO, f"ckptfs: {v.path} not committed: {v.doomed}")
+        if v.state == staged.OPEN and v.dirty and not v.unlinked:
+            self._check_space_after_bypass(v)
         if (v.state == staged.OPEN and v.dirty and not v.unlinked) or v.state in (staged.QUEUED, staged.COMMITTING):
             # fsync of a file still open for writing installs it as a committed version, durable, like
             # a close does; a known-format file that is not complete yet (its writer fsyncs half-way)

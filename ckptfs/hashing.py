@@ -91,7 +91,7 @@ def digest_fd(store: BackingStore, fd: int, size: int, parallel: bool = False) -
         mv = memoryview(block)
         return [blake3.blake3(mv[i:i + CHUNK_SIZE]).hexdigest() for i in range(0, len(mv), CHUNK_SIZE)]
 
-    pool = _pool()
+    pool = hasher_pool()
     pending = []
     off = 0
     while off < size:
@@ -113,9 +113,9 @@ _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
 
 
-def _pool() -> ThreadPoolExecutor:
-    """The chunk hashers, shared by every parallel digest (started once: a thread per file would
-    cost more than it saves on a checkpoint's many small shards)."""
+def hasher_pool() -> ThreadPoolExecutor:
+    """The chunk hashers, shared by every parallel digest and whole-file verify (integrity/reads.py),
+    started once: a thread per file would cost more than it saves on a checkpoint's small shards."""
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:

@@ -221,6 +221,11 @@ def test_real_disk_full_through_the_mount(tmp_path: Path) -> None:
         out = json.loads(r.stdout.strip().splitlines()[-1])
         # the application sees ENOSPC: from write() or close() of its file object
         assert out["big"] == ["OSError", errno.ENOSPC], out
+        st = json.loads(os.getxattr(d, "user.ckptfs.stats"))
+        if st.get("transport_native"):
+            # the native transport gave the writer passthrough: its ENOSPC reached the application
+            # only, and the seal refused the cut-off version because the disk was full (W3)
+            assert st.get("passthrough_writers_disk_full", 0) >= 1, st
         # nothing partial became visible: the old checkpoint is intact and loads
         assert out["old_intact"] and out["old_loads"], out
         # staging reclaimed while serving: the space is back

@@ -513,11 +513,15 @@ def test_corruption_found_at_open_is_eio_with_passthrough(tmp_path: Path) -> Non
     mp.mkdir()
     with Mount(mp, backing=src) as m:
         (m.path / "w.bin").write_bytes(os.urandom(3 << 20))
+        st = os.stat(src / "w.bin")
         with open(src / "w.bin", "r+b") as f:  # bit rot in the last chunk, same inode
             f.seek((3 << 20) - 10)
             b = f.read(1)
             f.seek((3 << 20) - 10)
             f.write(bytes([b[0] ^ 1]))
+        # as bit rot does, the mtime stays (a write through the backing path before the writer's
+        # asynchronous release would be taken as its own, W2: design.md, "Known limits")
+        os.utime(src / "w.bin", ns=(st.st_atime_ns, st.st_mtime_ns))
         with pytest.raises(OSError) as e:
             open(m.path / "w.bin", "rb").close()
         assert e.value.errno == errno.EIO

@@ -207,6 +207,7 @@ class CommitEngine:
         flusher = None
         if v.bypassed:
             v.sealed_key = (size, st.st_mtime_ns)  # a later write changes it (fs.CkptFS._after_bypass)
+            self.stats["bytes_passed_through"] += size  # written by the kernel (bytes_written: by us)
             if size > WRITEBACK_AHEAD:
                 # the kernel wrote its bytes without us: start their writeback while they are hashed
                 flusher = threading.Thread(target=self.store.writeback_hint, args=(v.fd, 0, size),

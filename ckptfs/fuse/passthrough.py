@@ -36,7 +36,7 @@ P7  A writer's new version of a checkpoint file (a create or an O_TRUNC rewrite 
     to its *staging* file: the kernel writes (and reads back) its bytes directly, no WRITE reaches
     the daemon, and the version's digest is computed from the staging file at its seal.  The
     node's key names the writer's handle, so every other open of the node is split off (P2) while
-    it is open.  A write after the seal goes to the installed file: fs.CkptFS._after_bypass (W2).
+    it is open, and the node is detached at once: no later lookup of the name returns it.  A write after the seal goes to the installed file: fs.CkptFS._after_bypass (W2).
 P3  Where registering a backing file fails (no CAP_SYS_ADMIN, a backing filesystem that stacks
     too deep: ELOOP, no kernel support), the open falls back to daemon reads; counted in
     ``user.ckptfs.stats`` (``passthrough_fallbacks``) and logged once.
@@ -193,6 +193,10 @@ class Passthrough:
                 return None
             node.pt_backing, node.pt_key, node.pt_opens = bid, ("writer", fh), 1
             self.mode[fh] = (node, PASSTHROUGH)
+        # the writer keeps its kernel inode to itself: every later lookup of the name gets another
+        # node, so an open answered ESTALE for meeting it (P2) never meets it again at the VFS's
+        # one repeat (an isolated reader's second ESTALE would reach the application)
+        self.ops.nodes.detach(node)
         self.fs.bypass(fh)  # before the reply: no write of the application's can precede it
         return k.FOPEN_PASSTHROUGH, bid
 

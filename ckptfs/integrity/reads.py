@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 
 from ckptfs.backing import BackingStore
 from ckptfs.engine.generations import GenEntry, Generations
+from ckptfs.hashing import hasher_pool
 from ckptfs.integrity.verify import Finding, RateLimiter, check_chunk, check_identity, chunk_count, verify_fd
 from ckptfs.records import FileRecord
 from ckptfs.status import (
@@ -73,6 +74,7 @@ from ckptfs.status import (
 log = logging.getLogger("ckptfs.integrity")
 
 MAX_STATES = 100_000
+PARALLEL_VERIFY_MIN = 8  # chunks: below this a second thread costs more than it saves
 
 
 def _eio(path: str, f: Finding) -> OSError:
@@ -136,6 +138,7 @@ class Integrity:
         self.states: collections.OrderedDict[tuple, VState] = collections.OrderedDict()
         self.checks: dict[int, Check] = {}
         self.lock = threading.Lock()
+        self._count_lock = threading.Lock()
         self.events: collections.deque[dict] = collections.deque(maxlen=100)
         self.metadata_problems = list(metadata_problems or [])
         self.scrub_interval = scrub_interval
@@ -186,8 +189,9 @@ class Integrity:
         rec = s.rec
         off = i * rec.chunk_size
         data = self.store.pread(fd, min(rec.chunk_size, rec.size - off), off)
-        self.stats["verify_bytes_hashed"] += len(data)
-        self.stats["verify_chunks_hashed"] += 1
+        with self._count_lock:  # (two threads hash one file: _verify_all)
+            self.stats["verify_bytes_hashed"] += len(data)
+            self.stats["verify_chunks_hashed"] += 1
         bad = check_chunk(path, rec, i, data)
         if bad is not None:
             self._corrupt(path, s, bad)
@@ -198,15 +202,33 @@ class Integrity:
     def _verify_all(self, path: str, fd: int, s: VState) -> Finding | None:
         """Hash every chunk not yet verified (cache-aware).  The Finding if corrupt."""
         if s.bad is None and not s.full_checked:
+            todo = [i for i in range(len(s.verified)) if not s.verified[i]]
+            # two threads (reading and hashing overlap; blake3 releases the GIL): a whole-file
+            # verify at open is on the opener's path (passthrough).  The helper is always waited
+            # for, so it never reads ``fd`` after the caller closed it.
+            half = todo[len(todo) // 2:] if len(todo) >= PARALLEL_VERIFY_MIN else []
+            helper = hasher_pool().submit(self._hash_chunks, path, fd, s, half) if half else None
             try:
-                for i in range(len(s.verified)):
-                    if not s.verified[i]:
-                        self._hash_chunk(path, fd, s, i)
+                self._hash_chunks(path, fd, s, todo[:len(todo) - len(half)])
             except OSError:
                 if s.bad is None:
                     raise
+            finally:
+                if helper is not None:
+                    try:
+                        helper.result()
+                    except OSError:
+                        if s.bad is None:
+                            raise
             s.full_checked = s.bad is None
         return s.bad
+
+    def _hash_chunks(self, path: str, fd: int, s: VState, chunks: list[int]) -> None:
+        for i in chunks:
+            if s.bad is not None:
+                return
+            if not s.verified[i]:
+                self._hash_chunk(path, fd, s, i)
 
     def keep_plan(self, path: str, prev: FileRecord | None) -> dict | None:
         """Journal fragment to keep ``prev`` as a generation of ``path`` (commit lock held)."""

@@ -90,10 +90,19 @@ def write(obj: object, path: str, mode: str) -> None:
         _fsync_dir(os.path.dirname(path))
 
 
-def save_gens(path: str, gen0: int, count: int, mode: str = "ckptfs") -> None:
-    """torch.save generations gen0+1 .. gen0+count to path."""
+def save_gens(path: str, gen0: int, count: int, mode: str = "ckptfs", marker: str | None = None) -> None:
+    """torch.save generations gen0+1 .. gen0+count to path.  ``marker``: a FIFO to which one byte
+    is written each time the file is open and its save about to begin (a test aims kills there)."""
+    if marker is None:
+        for g in range(gen0 + 1, gen0 + count + 1):
+            write(state(g), path, mode)
+        return
+    mfd = os.open(marker, os.O_WRONLY)
     for g in range(gen0 + 1, gen0 + count + 1):
-        write(state(g), path, mode)
+        obj = state(g)
+        with open(path, "wb") as f:
+            os.write(mfd, b"x")
+            torch.save(obj, f)
 
 
 def step_dir(d: str, step: int) -> str:
