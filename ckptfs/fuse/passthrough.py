@@ -36,7 +36,8 @@ P7  A writer's new version of a checkpoint file (a create or an O_TRUNC rewrite 
     to its *staging* file: the kernel writes (and reads back) its bytes directly, no WRITE reaches
     the daemon, and the version's digest is computed from the staging file at its seal.  The
     node's key names the writer's handle, so every other open of the node is split off (P2) while
-    it is open, and the node is detached at once: no later lookup of the name returns it.  A write after the seal goes to the installed file: fs.CkptFS._after_bypass (W2).
+    it is open, and the node is detached at once: no later lookup of the name returns it.  A
+    write after the seal goes to the installed file: fs.CkptFS._after_bypass (W2).
 P3  Where registering a backing file fails (no CAP_SYS_ADMIN, a backing filesystem that stacks
     too deep: ELOOP, no kernel support), the open falls back to daemon reads; counted in
     ``user.ckptfs.stats`` (``passthrough_fallbacks``) and logged once.
