@@ -283,9 +283,9 @@ def test_verify_unmounted_detects_modified_file(tmp_path: Path) -> None:
         save_hf_like(m.path, 1)
         save_hf_like(m.path, 2)
         r = cli("verify", str(m.path))
-        assert "verified 2 groups, 6 files: OK" in r.stdout
-    assert "verified 2 groups, 6 files: OK" in cli("verify", str(d)).stdout
-    assert "verified 1 groups, 3 files: OK" in cli("verify", str(d / "checkpoint-2")).stdout
+        assert "and 2 groups (6 files against their manifests): OK" in r.stdout
+    assert "and 2 groups (6 files against their manifests): OK" in cli("verify", str(d)).stdout
+    assert "and 1 group (3 files against their manifests): OK" in cli("verify", str(d / "checkpoint-2")).stdout
     f = d / "checkpoint-2" / "optimizer.pt"
     b = bytearray(f.read_bytes())
     b[100] ^= 0x01
@@ -491,7 +491,7 @@ def test_file_added_after_seal_reseals_the_group(mnt: Mount) -> None:
     time.sleep(1.5)  # the housekeeper's torn sweep runs every second: the writer is gone
     assert status(g) == "sealed"
     mnt.remount()
-    assert status(g) == "sealed" and "verified 1 groups, 4 files: OK" in cli("verify", str(g)).stdout
+    assert status(g) == "sealed" and "and 1 group (4 files against their manifests): OK" in cli("verify", str(g)).stdout
     # a late file written by tmp + rename: added under its final name, resealed after the rename
     run_py(f"import os; open({str(g / 'notes.tmp')!r}, 'w').write('n'); "
            f"os.rename({str(g / 'notes.tmp')!r}, {str(g / 'NOTES')!r})")
@@ -534,7 +534,7 @@ def test_daemon_crash_during_late_write_reseals_in_recovery(tmp_path: Path) -> N
         assert torch.equal(torch.load(g / "model.pt")["w"], torch.full((64,), 1.0))
         shown = json.loads(cli("show", str(g)).stdout)
         assert shown["lineage"]["event"] == "recovery: files added after the seal"
-        assert "verified 1 groups, 4 files: OK" in cli("verify", str(g)).stdout
+        assert "and 1 group (4 files against their manifests): OK" in cli("verify", str(g)).stdout
     finally:
         m.stop()
 
@@ -586,7 +586,7 @@ def assert_rolled_back(g: Path, step: int = 1) -> None:
     assert sorted(os.listdir(g)) == ["model.pt", "optimizer.pt", "trainer_state.json"]
     assert torch.equal(torch.load(g / "model.pt")["w"], torch.full((64,), float(step)))
     assert torch.equal(torch.load(g / "optimizer.pt")["opt"], torch.arange(8) * step)
-    assert "verified 1 groups, 3 files: OK" in cli("verify", str(g)).stdout
+    assert "and 1 group (3 files against their manifests): OK" in cli("verify", str(g)).stdout
 
 
 @pytest.mark.portable

@@ -88,7 +88,10 @@ def test_each_fault_class_offline_then_mount(tmp_path: Path) -> None:
     assert off.returncode == 1, off
     for name in ("bitflip.pt", "zero.pt", "trunc.pt", "ext.pt", "shards/shard_0.pt", "shards/shard_1.pt"):
         assert f"{name}: CORRUPT" in off.stderr, (name, off.stderr)
-    assert "clean1.pt: CORRUPT" not in off.stderr and "verified 9 committed files: 3 ok, 6 corrupt" in off.stdout
+    assert "clean1.pt: CORRUPT" not in off.stderr
+    # one summary line, its verdict the exit status's (issue 13: it said "9 corrupt", then "OK")
+    assert off.stdout.count("ckptfs: verified") == 1, off.stdout
+    assert "verified 9 committed files (3 ok, 6 corrupt)" in off.stdout and off.stdout.rstrip().endswith("FAILED")
 
     with Mount(d):
         for name in ("bitflip", "zero"):

@@ -145,7 +145,7 @@ def test_torn_checkpoint_saved_again_is_listed_until_gc(tmp_path: Path) -> None:
         assert quarantine_attr(d) == []
         assert rows_named(ls_all(d), "checkpoint-5") == [("sealed", "")]
         assert status(g5) == "sealed"
-        assert "verified 1 groups, 3 files: OK" in cli("verify", str(g5)).stdout
+        assert "and 1 group (3 files against their manifests): OK" in cli("verify", str(g5)).stdout
     finally:
         m.stop()
     assert not (d / kept).exists() and not os.listdir(d / QUARANTINE)

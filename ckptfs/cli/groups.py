@@ -353,8 +353,9 @@ def verify_group_mounted(root: str, rel: str, out: list[str]) -> int:
     return n
 
 
-def cmd_verify_groups(a: argparse.Namespace) -> int:
-    """Verify a group, or every group directly inside a directory."""
+def verify_groups(a: argparse.Namespace) -> tuple[int, str]:
+    """Verify a group, or every group directly inside a directory; prints each problem; (exit
+    status, summary words) for ``ckptfs verify``'s one line."""
     w = locate(a.path)
     rel = w.rel.strip("/")
     problems: list[str] = []
@@ -384,9 +385,10 @@ def cmd_verify_groups(a: argparse.Namespace) -> int:
             checked_files += verify_group_offline(w.root, g, problems)
     for line in problems:
         print(f"FAIL {line}", file=sys.stderr)
-    print(f"ckptfs: verified {checked_groups} groups, {checked_files} files: "
-          f"{'OK' if not problems else f'{len(problems)} problems'}")
-    return 1 if problems else 0
+    words = (f"{checked_groups} group{'s' if checked_groups != 1 else ''} ({checked_files} "
+             f"file{'s' if checked_files != 1 else ''} against their manifests")
+    words += f", {len(problems)} problems)" if problems else ")"
+    return (1 if problems else 0), words
 
 
 def add_parsers(sub: Any) -> None:

@@ -47,7 +47,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     v.add_argument("path", help="a ckptfs directory, or a file/directory inside one")
     v.add_argument("--progress", action="store_true", help="progress bar on stderr even when not a tty")
     v.add_argument("--json", action="store_true", help="one JSON object per file on stdout")
-    v.set_defaults(func=cmd_verify)
 
     s = sub.add_parser("scrub", help="re-verify everything: offline now, or start the mounted daemon's scrub")
     s.add_argument("dir")
@@ -64,7 +63,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 # ----------------------------------------------------------------- helpers
-def _report(findings: list[Finding], problems: list[str], untracked: list[str], as_json: bool) -> int:
+def _report(findings: list[Finding], problems: list[str], untracked: list[str], as_json: bool) -> tuple[int, str]:
+    """Print each finding; (exit status, the summary's words: "N committed files (k ok, j corrupt)...")."""
     bad = [f for f in findings if not f.ok]
     if as_json:
         for f in findings:
@@ -74,16 +74,15 @@ def _report(findings: list[Finding], problems: list[str], untracked: list[str], 
     for f in bad:
         print(f"ckptfs: {f.message()}", file=sys.stderr)
     n_ok = len(findings) - len(bad)
-    summary = f"ckptfs: verified {len(findings)} committed files: {n_ok} ok, {len(bad)} corrupt"
+    summary = f"{len(findings)} committed file{'s' if len(findings) != 1 else ''} ({n_ok} ok, {len(bad)} corrupt"
     if untracked:
-        summary += f"; {len(untracked)} untracked files (no record, not verifiable)"
+        summary += f", {len(untracked)} untracked: no record, not verifiable"
     if problems:
-        summary += f"; {len(problems)} metadata problems"
-    print(summary, file=sys.stderr if as_json else sys.stdout)
-    return 1 if bad or problems else 0
+        summary += f", {len(problems)} metadata problems"
+    return (1 if bad or problems else 0), summary + ")"
 
 
-def _offline(path: str, rate: float, progress: bool, as_json: bool) -> int:
+def _offline(path: str, rate: float, progress: bool, as_json: bool) -> tuple[int, str]:
     root = find_backing_root(path)
     if root is None:
         raise CliError(f"{path}: not inside a ckptfs directory (no {META_DIR} found)")
@@ -125,7 +124,7 @@ def _walk(path: str) -> list[str]:
     return out
 
 
-def _mounted(path: str, progress: bool, as_json: bool) -> int:
+def _mounted(path: str, progress: bool, as_json: bool) -> tuple[int, str]:
     files = []
     for f in _walk(path):
         try:
@@ -162,12 +161,20 @@ def _mounted(path: str, progress: bool, as_json: bool) -> int:
 
 
 # ---------------------------------------------------------------- commands
-def cmd_verify(a: argparse.Namespace) -> int:
+def verify_files(a: argparse.Namespace) -> tuple[int, str]:
+    """Every committed file at or under ``a.path`` against its digests, through the mount or
+    offline; prints each finding; (exit status, summary words) for ``ckptfs verify``'s one line."""
     if not os.path.lexists(a.path):
         raise CliError(f"{a.path}: no such file or directory")
     if find_mount_root(a.path):
         return _mounted(a.path, a.progress, a.json)
     return _offline(a.path, 0.0, a.progress, a.json)
+
+
+def summary_line(rc: int, words: str, as_json: bool) -> None:
+    """The one summary line of a verify or scrub: what was checked, then OK or FAILED (the exit
+    status says the same: 0 or 1).  On stderr with --json (stdout holds the findings)."""
+    print(f"ckptfs: verified {words}: {'OK' if rc == 0 else 'FAILED'}", file=sys.stderr if as_json else sys.stdout)
 
 
 def cmd_scrub(a: argparse.Namespace) -> int:
@@ -176,7 +183,9 @@ def cmd_scrub(a: argparse.Namespace) -> int:
         raise CliError(f"{d}: no such directory")
     root = find_mount_root(d)
     if root is None:
-        return _offline(d, a.rate, a.progress, a.json)
+        rc, words = _offline(d, a.rate, a.progress, a.json)
+        summary_line(rc, words, a.json)
+        return rc
     before = json.loads(os.getxattr(root, X_SCRUB))
     t0 = time.time()
     os.setxattr(root, CONTROL, b"scrub")

@@ -18,15 +18,19 @@ from ckptfs.cli.common import CliError, locate
 
 def cmd_verify(a: argparse.Namespace) -> int:
     """``ckptfs verify``: every committed file against its digests (integrity), then every
-    group at or under PATH against its manifest and COMMIT (G1, files added after the seal)."""
-    rc = integrity.cmd_verify(a)
+    group at or under PATH against its manifest and COMMIT (G1, files added after the seal).
+    One summary line for both, its verdict the exit status's (0 OK, 1 FAILED)."""
+    rc, words = integrity.verify_files(a)
+    inside = True
     try:
         locate(a.path)
     except CliError:
-        return rc  # not inside a ckptfs directory: integrity.cmd_verify already said so
-    if not os.path.isdir(a.path):
-        return rc
-    return max(rc, groups.cmd_verify_groups(a))
+        inside = False  # not inside a ckptfs directory: verify_files said so
+    if inside and os.path.isdir(a.path):
+        grc, gwords = groups.verify_groups(a)
+        rc, words = max(rc, grc), f"{words} and {gwords}"
+    integrity.summary_line(rc, words, a.json)
+    return rc
 
 
 def build_parser() -> argparse.ArgumentParser:
