@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ckptfs import META_DIR, __version__, events, exits, procinfo, status
+from ckptfs import META_DIR, __version__, events, exits, procinfo, xattrs
 from ckptfs.backing import BackingStore
 from ckptfs.engine import staged
 from ckptfs.engine.commit import CommitEngine
@@ -55,7 +55,7 @@ from ckptfs.log.journal import COMPACT_EVERY, Journal
 from ckptfs.records import FileRecord
 from ckptfs.recovery import recover
 from ckptfs.rules import RuleSet
-from ckptfs.status import (
+from ckptfs.xattrs import (
     PREFIX,
     VALUE_MAX,
     X_ABORTS,
@@ -1453,16 +1453,16 @@ class CkptFS:
             if (self.rules.dir_rule(os.path.basename(path)) is not None and self.grp.group_of(path) is None
                     and not self.grp.groupable(path)):
                 # named like a checkpoint, never a group, holding files written past ckptfs (while unmounted)
-                out[X_STATUS] = status.UNTRACKED
+                out[X_STATUS] = xattrs.UNTRACKED
             return out
         v = self._visible(path)
         rec = self.records.get(path)
         if v is not None:
-            out[X_STATUS] = status.STAGING
+            out[X_STATUS] = xattrs.STAGING
         elif rec is not None:
-            out[X_STATUS] = status.COMMITTED
+            out[X_STATUS] = xattrs.COMMITTED
         elif stat.S_ISREG(self.store.lstat(path).st_mode):
-            out[X_STATUS] = status.UNTRACKED
+            out[X_STATUS] = xattrs.UNTRACKED
         if v is None and rec is not None:
             out.update({
                 X_BLAKE3: rec.blake3,
@@ -1477,7 +1477,7 @@ class CkptFS:
         return out
 
     def _visible_attrs(self, path: str, caller: Caller) -> dict[str, str]:
-        """Status attributes of ``path`` as ``caller`` may see them (status.for_caller).  The kernel
+        """Status attributes of ``path`` as ``caller`` may see them (xattrs.for_caller).  The kernel
         (default_permissions) has already checked the caller may read ``path`` itself."""
         attrs = self._status_attrs(path)
         if X_GC_REPORT in attrs and caller.pid:
@@ -1488,7 +1488,7 @@ class CkptFS:
                 privileged = self.store.lstat("").st_uid == caller.uid
             except OSError:
                 pass
-        return status.for_caller(attrs, path, privileged, lambda d: self._may_read_dir(d, caller))
+        return xattrs.for_caller(attrs, path, privileged, lambda d: self._may_read_dir(d, caller))
 
     def _may_read_dir(self, d: str, caller: Caller) -> bool:
         """Whether ``caller`` may list directory ``d`` and search every directory above it."""
@@ -1521,7 +1521,7 @@ class CkptFS:
         if name.startswith(PREFIX):
             attrs = self._visible_attrs(path, caller)
             if name == X_ATTRS:
-                return status.as_json(attrs)
+                return xattrs.as_json(attrs)
             if name not in attrs:
                 raise _err(ENODATA)
             return attrs[name].encode()

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ckptfs import META_DIR
 from ckptfs.mounts import is_ckptfs_mount
-from ckptfs.status import X_PID
+from ckptfs.xattrs import X_PID
 
 __all__ = ["CliError", "Where", "daemon_pid", "find_backing_root", "find_mount_root", "fusermount",
            "is_ckptfs_mount", "locate"]

@@ -16,15 +16,14 @@ from typing import Any
 
 import blake3
 
+from ckptfs import offline
 from ckptfs.backing import OsBackingStore
 from ckptfs.cli.common import CliError, Where, locate
 from ckptfs.engine import quarantine as qt
-from ckptfs.engine.replay import Replayed, replay
+from ckptfs.engine.replay import Replayed
 from ckptfs.engine.seals import CORRUPT, OPEN, SEALED, TORN, GroupState, SealError, read_seal
 from ckptfs.layout import parent
-from ckptfs.log.journal import Journal
-from ckptfs.log.metadata import load_trusted
-from ckptfs.status import (
+from ckptfs.xattrs import (
     PREFIX,
     X_ATTRS,
     X_BLAKE3,
@@ -38,24 +37,8 @@ from ckptfs.status import (
 
 
 def offline_state(root: str) -> Replayed:
-    """Records, groups and the quarantine table of an unmounted directory, read-only (no recovery).
-
-    Groups still open here were torn by a crash; the next mount quarantines them (or rolls a torn
-    re-save back), so they are labelled torn here."""
-    store = OsBackingStore(root)
-    try:
-        r = replay(load_trusted(Journal(store)), last="apply")
-    finally:
-        store.shutdown()
-    for p in r.problems:  # damaged metadata: the listing is partial, and says so
-        print(f"ckptfs: warning: {p}", file=sys.stderr)
-    groups = r.groups
-    for p in [p for p, g in groups.items() if g.state == OPEN and g.tentative]:
-        del groups[p]  # a directory made by mkdir with no checkpoint file: not a group (issue 10)
-    for g in groups.values():
-        if g.state == OPEN:
-            g.state, g.reason = TORN, "not sealed before the daemon stopped (recovery will quarantine it)"
-    return r
+    """:func:`ckptfs.offline.state`, its metadata problems printed as warnings."""
+    return offline.state(root, warn=lambda p: print(f"ckptfs: warning: {p}", file=sys.stderr))
 
 
 def offline_groups(root: str) -> tuple[dict[str, Any], dict[str, GroupState]]:
@@ -391,7 +374,30 @@ def verify_groups(a: argparse.Namespace) -> tuple[int, str]:
     return (1 if problems else 0), words
 
 
+def cmd_latest(a: argparse.Namespace) -> int:
+    """``ckptfs latest DIR``: the newest sealed group in DIR (or, with none, its newest committed
+    file), for resume scripts; exit 1 and say so when there is none (api.latest)."""
+    from ckptfs import api
+
+    try:
+        got = api.latest(a.dir)
+    except (api.NotCkptfs, NotADirectoryError, FileNotFoundError) as e:
+        raise CliError(str(e) if isinstance(e, api.NotCkptfs) else f"{a.dir}: {e.strerror}") from None
+    if a.json:
+        print(json.dumps({"latest": got, **(api.status(got) if got else {})}, sort_keys=True))
+    elif got is not None:
+        print(got)
+    if got is None:
+        print(f"ckptfs: no sealed group or committed file in {a.dir}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def add_parsers(sub: Any) -> None:
+    la = sub.add_parser("latest", help="the newest sealed group (or committed file) in DIR, for resume scripts")
+    la.add_argument("dir")
+    la.add_argument("--json", action="store_true", help="one JSON object: its path and status")
+    la.set_defaults(func=cmd_latest)
     ls = sub.add_parser("ls", help="list checkpoint groups in DIR")
     ls.add_argument("dir")
     ls.add_argument("--all", action="store_true", help="include what was moved out of sight: torn and corrupt "

@@ -37,7 +37,7 @@ from ckptfs.integrity.verify import (
     untracked_files,
     verify_many,
 )
-from ckptfs.status import X_CONTROL, X_ERROR, X_SCRUB, X_STATUS
+from ckptfs.xattrs import X_CONTROL, X_ERROR, X_SCRUB, X_STATUS
 
 CONTROL = X_CONTROL.encode()
 

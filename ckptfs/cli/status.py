@@ -8,7 +8,7 @@ import os
 
 from ckptfs.backing import OsBackingStore
 from ckptfs.cli.common import CliError, is_ckptfs_mount
-from ckptfs.status import PREFIX, X_ATTRS
+from ckptfs.xattrs import PREFIX, X_ATTRS
 
 
 def cmd_status(a: argparse.Namespace) -> int:

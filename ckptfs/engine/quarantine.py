@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from ckptfs.engine.seals import CORRUPT, TORN, GroupState, quarantine_target
 from ckptfs.layout import GROUPS, QUARANTINE, TRASH, parent
-from ckptfs.status import VALUE_MAX
+from ckptfs.xattrs import VALUE_MAX
 
 if TYPE_CHECKING:
     from ckptfs.backing import BackingStore

@@ -28,8 +28,8 @@ from ckptfs.backing import BackingStore
 from ckptfs.inodes import InodeMap
 from ckptfs.layout import STAGING, parent
 from ckptfs.records import FileRecord
-from ckptfs.status import PREFIX
 from ckptfs.streamhash import AsyncDigest
+from ckptfs.xattrs import PREFIX
 
 log = logging.getLogger("ckptfs")
 

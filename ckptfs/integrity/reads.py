@@ -58,7 +58,7 @@ from ckptfs.engine.generations import GenEntry, Generations
 from ckptfs.hashing import hasher_pool
 from ckptfs.integrity.verify import Finding, RateLimiter, check_chunk, check_identity, chunk_count, verify_fd
 from ckptfs.records import FileRecord
-from ckptfs.status import (
+from ckptfs.xattrs import (
     X_CORRUPT,
     X_ERROR,
     X_KEEP_GENERATIONS,
