@@ -1422,7 +1422,7 @@ class CkptFS:
                 X_PID: str(os.getpid()),
                 X_COMMIT_MODE: self.commit_mode,
                 X_BACKING: self.backing_label,
-                X_STATS: json.dumps(dict(self.stats), sort_keys=True),
+                X_STATS: json.dumps(dict(self.stats, commit_queue_depth=len(self.queued)), sort_keys=True),
                 X_ABORTS: json.dumps(list(self.aborts)[-10:]),
                 X_RULES: json.dumps({"source": self.rules.source, "keep_last": self.rules.keep_last,
                                      "keep_every": self.rules.keep_every,

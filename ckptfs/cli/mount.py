@@ -63,6 +63,13 @@ def cmd_mount(a: argparse.Namespace) -> int:
         if is_ckptfs_mount(backing):
             raise CliError(f"{a.backing}: is itself a ckptfs mount")
     check_fuse_available()
+    if a.metrics:
+        from ckptfs.metrics import MetricsAddressError, check_bindable, parse_address
+
+        try:
+            check_bindable(*parse_address(a.metrics))  # a clear error now, before anything is mounted
+        except MetricsAddressError as e:
+            raise CliError(str(e)) from None
     if not a.foreground:
         return spawn_daemon(a, d)
     return run_foreground(a, d, backing)
@@ -81,6 +88,8 @@ def spawn_daemon(a: argparse.Namespace, d: str) -> int:
     argv += ["--transport", a.transport, "--cache-timeout", str(a.cache_timeout)]
     if a.no_passthrough:
         argv.append("--no-passthrough")
+    if a.metrics:
+        argv += ["--metrics", a.metrics]
     for opt in ("keep_last", "keep_every", "idle_seal"):
         if getattr(a, opt) is not None:
             argv += ["--" + opt.replace("_", "-"), str(getattr(a, opt))]
@@ -120,6 +129,16 @@ def run_foreground(a: argparse.Namespace, d: str, backing: str) -> int:
         except CorruptMetadata as e:
             raise CliError(f"{backing}: {e}; run 'ckptfs recover --rebuild {backing}'", 1) from None
         log.info("ckptfs %s serving %s (backing %s, commit=%s)", __version__, d, backing, a.commit)
+        if a.metrics:
+            from ckptfs import metrics
+
+            host, port = metrics.parse_address(a.metrics)
+            try:
+                metrics.serve(fs, host, port)
+            except OSError as e:
+                fs.shutdown()
+                raise CliError(f"--metrics {a.metrics}: cannot serve: {e.strerror}") from None
+            log.info("metrics at http://%s:%d/metrics", host, port)
         ready_fd = os.environ.pop("CKPTFS_READY_FD", None)
         if ready_fd:
             _signal_ready_when_mounted(d, int(ready_fd))
@@ -284,6 +303,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--cache-timeout", type=_nonneg, default=float(os.environ.get("CKPTFS_CACHE_TIMEOUT", 60)),
                    metavar="SECONDS", help="kernel entry/attribute cache timeout, native transport (default 60; "
                                            "every change the daemon makes is invalidated at once)")
+    m.add_argument("--metrics", metavar="HOST:PORT",
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics (a bare PORT: 127.0.0.1)")
     m.add_argument("--no-passthrough", action="store_true",
                    help="serve reads through the daemon even where FUSE passthrough is available")
     _add_integrity_args(m)

@@ -43,6 +43,7 @@ from ckptfs.backing import BackingStore
 from ckptfs.engine.staged import COMMITTING, DISCARDED, INSTALLED, OPEN, QUEUED, Version
 from ckptfs.hashing import digest_fd
 from ckptfs.inodes import InodeMap
+from ckptfs.latency import SLOW_FACTOR, CommitTimes
 from ckptfs.layout import parent
 from ckptfs.log.journal import Journal
 from ckptfs.records import XATTR, FileRecord, to_xattr
@@ -58,6 +59,21 @@ log = logging.getLogger("ckptfs")
 CARRY_MAX_CHUNKS = 32
 WRITEBACK_AHEAD = 1 << 20  # a bypassed version larger than this starts its writeback before it is hashed
 _NO_CARRY = (errno.ENOTSUP, errno.EOPNOTSUPP, errno.E2BIG, errno.ERANGE, errno.ENOSPC, errno.EPERM)
+
+
+def abort_kind(reason: str, err: int | None = None) -> str:
+    """The class of an abort's reason, for counting (``aborts_<kind>`` stats, the metrics' label):
+    writer_killed, incomplete, no_space, io_error or other."""
+    r = reason.lower()
+    if "killed by signal" in r:
+        return "writer_killed"
+    if "incomplete" in r or "refus" in r:
+        return "incomplete"
+    if err in (errno.ENOSPC, errno.EDQUOT) or "no space" in r or "filled up" in r:
+        return "no_space"
+    if err is not None or "error" in r or "failed" in r:
+        return "io_error"
+    return "other"
 
 
 def _err(code: int, msg: str = "") -> OSError:
@@ -101,6 +117,7 @@ class CommitEngine:
         # records travel on the staged inode (False once the backing fs refused user xattrs;
         # CKPTFS_CARRY_RECORDS=0: never, for tests of the journaled path, crashpoints.POINT_ENV)
         self.carry = os.environ.get("CKPTFS_CARRY_RECORDS", "1") != "0"
+        self.times = CommitTimes()  # seal + install durations, the slow-persist alert (latency.py)
 
     # ------------------------------------------------------------ tables
     def unlist(self, v: Version) -> bool:
@@ -177,6 +194,7 @@ class CommitEngine:
         self.aborts.append(entry)
         self.last_abort[v.path] = reason
         self.stats["aborts"] += 1
+        self.stats["aborts_" + abort_kind(reason, v.doomed_errno)] += 1
         return entry
 
     def log_abort(self, entry: dict) -> None:
@@ -193,6 +211,7 @@ class CommitEngine:
         ``at_fsync``: an incomplete file is not refused but left open (returns False): the
         application fsyncs a file it has not finished (its close decides, once, with one error and
         one log entry)."""
+        t0 = time.monotonic()
         st = self.store.fstat(v.fd)
         size = v.size = st.st_size
         if self.check_formats:
@@ -221,6 +240,7 @@ class CommitEngine:
         finally:
             if flusher is not None:
                 flusher.join()
+        v.seal_seconds = time.monotonic() - t0
         v.record = FileRecord(  # generation is assigned at install, in commit order
             size=size, blake3=got[0], chunks=got[1], generation=0,
             committed_at=time.time(), ino=st.st_ino,
@@ -275,6 +295,7 @@ class CommitEngine:
             return
         rec = v.record
         assert rec is not None
+        t0 = time.monotonic()
         prev = self.records.get(v.path)
         rec = dataclasses.replace(rec, generation=prev.generation + 1 if prev else 1)
         if self.groups is not None and self.groups.is_pointer(v.path) and rec.size <= 4096:
@@ -321,6 +342,10 @@ class CommitEngine:
             v.error = e
             raise
         crashpoints.hit("dir_synced")
+        if self.times.observe(v.seal_seconds + time.monotonic() - t0, rec.size):
+            self.stats["slow_commits"] += 1
+            log.warning("slow commit: %s (%d bytes) took %.3f s, more than %.0fx what this disk's recent "
+                        "commits predict", v.path, rec.size, v.seal_seconds + time.monotonic() - t0, SLOW_FACTOR)
         if mark is None:
             self.log_done(dict(entry, done=True))
         self.installed(v, rec, keep)

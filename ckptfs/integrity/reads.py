@@ -507,20 +507,27 @@ class Integrity:
 
     # ------------------------------------------------------- forced verify
     def verify_now(self, prefix: str, limiter: RateLimiter | None = None,
-                   stop: threading.Event | None = None) -> list[Finding]:
-        """Re-hash every committed file at/under ``prefix`` (ignoring the cache)."""
+                   stop: threading.Event | None = None, track: bool = False) -> list[Finding]:
+        """Re-hash every committed file at/under ``prefix`` (ignoring the cache); ``track``: the
+        scrub's progress in bytes goes to ``scrub_info`` (bytes_total, bytes_done)."""
         pre = prefix.strip("/")
         out = []
-        for path, rec in sorted(self.records.items()):
-            if pre and path != pre and not path.startswith(pre + "/"):
-                continue
+        todo = [(p, r) for p, r in sorted(self.records.items()) if not pre or p == pre or p.startswith(pre + "/")]
+        progress = {"bytes_total": sum(r.size for _, r in todo) + sum(g.rec.size for p, _ in todo
+                                                                       for g in self.gens.of(p)), "bytes_done": 0}
+        info = self.scrub_info if track else {}
+        info.update(progress)  # (read by ckptfs status and the metrics: scrub progress)
+        for path, rec in todo:
             if stop is not None and stop.is_set():
                 break
             f = self._verify_one(path, rec, limiter, stop)
             if f is not None:
                 out.append(f)
+            progress["bytes_done"] += rec.size
             for g in self.gens.of(path):
                 self._verify_one(g.name, g.rec, limiter, stop, label=f"{path} (kept generation {g.rec.generation})")
+                progress["bytes_done"] += g.rec.size
+            info["bytes_done"] = progress["bytes_done"]
         return out
 
     def _verify_one(self, path: str, rec: FileRecord, limiter: RateLimiter | None,
@@ -570,7 +577,7 @@ class Integrity:
         self.stats["scrub_runs"] += 1
         t0 = time.monotonic()
         try:
-            found = self.verify_now("", RateLimiter(self.scrub_rate), self._stop)
+            found = self.verify_now("", RateLimiter(self.scrub_rate), self._stop, track=True)
         except Exception as e:  # never let the scrubber kill the daemon
             log.exception("scrub failed")
             self.scrub_info.update(state="failed", error=str(e))
