@@ -36,6 +36,8 @@ class MountEntry:
     mountpoint: str
     fstype: str
     source: str
+    options: str = ""  # per-mount options (rw,nosuid,...)
+    super_options: str = ""  # the filesystem's own options (for NFS: sync, ...)
 
 
 def unescape(field: bytes) -> str:
@@ -51,7 +53,8 @@ def parse_line(line: bytes) -> MountEntry | None:
         if len(fields) < sep + 3:
             return None
         return MountEntry(int(fields[0]), int(fields[1]), os.fsdecode(fields[2]), unescape(fields[3]),
-                          unescape(fields[4]), os.fsdecode(fields[sep + 1]), unescape(fields[sep + 2]))
+                          unescape(fields[4]), os.fsdecode(fields[sep + 1]), unescape(fields[sep + 2]),
+                          os.fsdecode(fields[5]), os.fsdecode(fields[sep + 3]) if len(fields) > sep + 3 else "")
     except ValueError:
         return None
 
@@ -79,6 +82,18 @@ def mount_entry(path: str, mountinfo: str = MOUNTINFO) -> MountEntry | None:
     """The mount visible at ``path`` (the last one stacked on its real path), if any."""
     found = mounts_at(os.path.realpath(path), mountinfo)
     return found[-1] if found else None
+
+
+def containing(path: str, mountinfo: str = MOUNTINFO) -> MountEntry | None:
+    """The mount that holds ``path``: the last one stacked on the longest mountpoint above it."""
+    real = os.path.realpath(path)
+    best: MountEntry | None = None
+    for e in read_mountinfo(mountinfo):
+        mp = e.mountpoint
+        if real == mp or real.startswith(mp.rstrip("/") + "/"):
+            if best is None or len(mp) >= len(best.mountpoint):
+                best = e
+    return best
 
 
 def is_ckptfs_mount(path: str) -> bool:

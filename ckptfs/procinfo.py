@@ -123,3 +123,51 @@ def blocked_in(tid: int) -> str | None:
     if nr in _UNLINK_SYSCALLS.get(arch, ()):
         return "unlink"
     return None
+
+
+def writers_under(directory: str) -> list[tuple[int, str, str]]:
+    """(pid, command name, file) for every file at or under ``directory``, on its filesystem, that a
+    process other than this one holds open for writing (from /proc/PID/fd and fdinfo); empty where
+    /proc cannot tell."""
+    root = os.path.realpath(directory).rstrip("/") + "/"
+    try:
+        dev = os.stat(directory).st_dev
+    except OSError:
+        return []
+    me = os.getpid()
+    out: list[tuple[int, str, str]] = []
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return out
+    for pid in pids:
+        if pid == me:
+            continue
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if not target.startswith(root):
+                continue
+            try:
+                if os.stat(f"/proc/{pid}/fd/{fd}").st_dev != dev:
+                    continue  # on another filesystem (a dead mount's file: ENOTCONN below, skipped)
+            except OSError:
+                continue
+            try:
+                flags = next(int(ln.split()[1], 8) for ln in _read_proc(pid, f"fdinfo/{fd}").splitlines()
+                             if ln.startswith("flags:"))
+            except (OSError, StopIteration, ValueError, IndexError):
+                continue
+            if flags & (os.O_WRONLY | os.O_RDWR):
+                try:
+                    comm = _read_proc(pid, "comm").strip()
+                except OSError:
+                    comm = "?"
+                out.append((pid, comm, target))
+    return out

@@ -57,6 +57,77 @@ def test_no_libfuse3(tmp_path) -> None:
     assert "libfuse3 not found" in msg and "apt-get install fuse3 libfuse3-3" in msg
 
 
+def test_no_dev_fuse_in_a_container_says_what_to_pass(tmp_path) -> None:
+    msg = one_error_line(ckptfs("mount", str(tmp_path), env={"CKPTFS_DEV_FUSE": str(tmp_path / "nofuse")}))
+    assert "--device /dev/fuse --cap-add SYS_ADMIN" in msg
+
+
+def test_not_root_without_fusermount3_is_a_clear_error() -> None:
+    from ckptfs.cli.common import CliError
+    from ckptfs.cli.mount import check_unprivileged
+
+    with pytest.raises(CliError, match="not root and fusermount3 is missing: install fuse3"):
+        check_unprivileged(1000, which=lambda name: None)
+    check_unprivileged(1000, which=lambda name: "/usr/bin/fusermount3")  # fine
+    check_unprivileged(0, which=lambda name: None)  # root mounts with mount(2)
+
+
+def test_mounting_over_a_directory_being_written_is_refused(tmp_path) -> None:
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    w = subprocess.Popen([sys.executable, "-c", f"import time\nf = open({str(d / 'log.txt')!r}, 'w')\n"
+                          "print('open', flush=True)\ntime.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert w.stdout is not None and w.stdout.readline().strip() == "open"
+        msg = one_error_line(ckptfs("mount", str(d)))
+        assert f"process {w.pid} (python" in msg and "log.txt open for writing" in msg and "--force" in msg
+        assert not is_ckptfs_mount(str(d))
+    finally:
+        w.kill()
+        w.wait()
+    r = ckptfs("mount", str(d))  # the writer is gone: mounts
+    try:
+        assert r.returncode == 0, r.stderr
+    finally:
+        ckptfs("umount", str(d))
+
+
+def test_a_backing_directory_on_tmpfs_mounts_with_a_durability_warning(tmp_path) -> None:
+    t = tmp_path / "t"
+    t.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(t)], check=True)
+    try:
+        r = ckptfs("mount", str(t))
+        try:
+            assert r.returncode == 0, r.stderr
+            assert "warning" in r.stderr and "tmpfs keeps nothing across a power loss" in r.stderr
+        finally:
+            ckptfs("umount", str(t))
+        r = ckptfs("mount", str(tmp_path))  # ext4 (or whatever /tmp is here): no warning unless it is tmpfs
+        try:
+            assert r.returncode == 0 and ("tmpfs" in r.stderr) == (_fstype(tmp_path) == "tmpfs"), r.stderr
+        finally:
+            ckptfs("umount", str(tmp_path))
+    finally:
+        subprocess.run(["umount", str(t)], check=False)
+
+
+def _fstype(p) -> str:
+    from ckptfs.mounts import containing
+
+    e = containing(str(p))
+    return e.fstype if e else ""
+
+
+@pytest.mark.parametrize("opt", [["--keep-last", "0"], ["--keep-last", "x"], ["--keep-every", "-2"],
+                                 ["--keep-generations", "-1"], ["--scrub-rate", "-5"], ["--idle-seal", "soon"],
+                                 ["--cache-timeout", "-1"], ["--commit", "later"]])
+def test_bad_option_values_are_clear_errors(tmp_path, opt: list[str]) -> None:
+    r = ckptfs("mount", str(tmp_path), *opt)
+    assert r.returncode == 2 and opt[0] in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not is_ckptfs_mount(str(tmp_path))
+
+
 def test_umount_not_mounted(tmp_path) -> None:
     assert "not a ckptfs mount" in one_error_line(ckptfs("umount", str(tmp_path)))
 

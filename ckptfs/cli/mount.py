@@ -7,11 +7,12 @@ import argparse
 import errno
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import time
 
-from ckptfs import META_DIR, __version__
+from ckptfs import META_DIR, __version__, procinfo
 from ckptfs.backing import OsBackingStore
 from ckptfs.cli.common import CliError, daemon_pid, fusermount, is_ckptfs_mount
 from ckptfs.procinfo import is_alive
@@ -39,6 +40,44 @@ def check_mountpoint(d: str) -> None:
         raise CliError(f"{d}: already a ckptfs mount (run: ckptfs umount {d})")
 
 
+def check_unprivileged(euid: int, which=shutil.which) -> None:
+    """Not root: mounting needs fusermount3 (the setuid helper of fuse3)."""
+    if euid != 0 and which("fusermount3") is None:
+        raise CliError("not root and fusermount3 is missing: install fuse3 (apt install fuse3) "
+                       "or run ckptfs mount as root")
+
+
+def check_no_writers(d: str) -> None:
+    """Refuse to mount over a directory a process is writing into: its open files stay on the
+    directory underneath, so its writes would bypass ckptfs and vanish under the mount."""
+    found = procinfo.writers_under(d)
+    if found:
+        pid, comm, path = found[0]
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        raise CliError(f"{d}: process {pid} ({comm}) has {path} open for writing{more}; its writes would "
+                       f"bypass ckptfs and be hidden under the mount: stop it first, or pass --force")
+
+
+def warn_weak_backing(backing: str) -> None:
+    """Warn where the backing filesystem cannot make writes durable: ckptfs is only as durable as
+    what it writes to (tmpfs and ramfs lose everything at power loss; NFS without ``sync`` may
+    acknowledge an fsync that did not reach stable storage)."""
+    from ckptfs.mounts import containing
+
+    e = containing(backing)
+    if e is None:
+        return
+    opts = set(e.options.split(",")) | set(e.super_options.split(","))
+    if e.fstype in ("tmpfs", "ramfs"):
+        why = f"{e.fstype} keeps nothing across a power loss or reboot"
+    elif e.fstype.startswith("nfs") and "sync" not in opts:
+        why = f"{e.fstype} mounted without 'sync' may acknowledge writes before they are stable"
+    else:
+        return
+    print(f"ckptfs: warning: {backing} is on {e.fstype}: {why}; crash consistency holds, durability is "
+          "only as good as the backing store", file=sys.stderr)
+
+
 def check_fuse_available() -> None:
     dev = os.environ.get("CKPTFS_DEV_FUSE", "/dev/fuse")  # overridable for tests
     if sys.platform.startswith("linux") and not os.path.exists(dev):
@@ -63,6 +102,10 @@ def cmd_mount(a: argparse.Namespace) -> int:
         if is_ckptfs_mount(backing):
             raise CliError(f"{a.backing}: is itself a ckptfs mount")
     check_fuse_available()
+    check_unprivileged(os.geteuid())
+    if not a.force:
+        check_no_writers(backing)
+    warn_weak_backing(backing)
     if a.metrics:
         from ckptfs.metrics import MetricsAddressError, check_bindable, parse_address
 
@@ -257,14 +300,32 @@ def _nonneg(v: str) -> float:
     return f
 
 
+def _count(v: str) -> int:
+    """A whole number >= 0 (retention counts, generations)."""
+    try:
+        n = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {v!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0: {v}")
+    return n
+
+
+def _positive(v: str) -> int:
+    n = _count(v)
+    if n == 0:
+        raise argparse.ArgumentTypeError("must be >= 1")
+    return n
+
+
 def _add_integrity_args(m: argparse.ArgumentParser) -> None:
     m.add_argument("--on-corrupt", choices=("eio", "rollback"), default="eio",
                    help="corrupt committed file: fail with EIO (default) or serve its newest good kept generation")
-    m.add_argument("--keep-generations", type=int, default=1, metavar="N",
+    m.add_argument("--keep-generations", type=_count, default=1, metavar="N",
                    help="previous committed versions kept per overwritten file (default 1; 0 = none)")
-    m.add_argument("--scrub-interval", type=float, default=86400.0, metavar="SECONDS",
+    m.add_argument("--scrub-interval", type=_nonneg, default=86400.0, metavar="SECONDS",
                    help="background re-verification of all committed files every SECONDS (default 86400; 0 = off)")
-    m.add_argument("--scrub-rate", type=float, default=64.0, metavar="MB/s",
+    m.add_argument("--scrub-rate", type=_nonneg, default=64.0, metavar="MB/s",
                    help="read rate limit of the background scrub (default 64 MB/s; 0 = unlimited)")
 
 
@@ -289,13 +350,15 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--no-format-check", action="store_true",
                    help="commit any file closed by a live process, complete or not")
     m.add_argument("--allow-other", action="store_true", help="let other users access the mount")
-    m.add_argument("--keep-last", type=int, metavar="K",
+    m.add_argument("--keep-last", type=_positive, metavar="K",
                    help="retention: keep the newest K sealed groups per directory (default: keep all)")
-    m.add_argument("--keep-every", type=int, metavar="N",
+    m.add_argument("--keep-every", type=_positive, metavar="N",
                    help="retention: also keep every group whose step is a multiple of N")
-    m.add_argument("--idle-seal", type=float, metavar="SECONDS",
+    m.add_argument("--idle-seal", type=_nonneg, metavar="SECONDS",
                    help="seal marker-less groups after this long without activity (default 30)")
     m.add_argument("--debug", action="store_true")
+    m.add_argument("--force", action="store_true",
+                   help="mount even where processes have files under DIR open for writing")
     m.add_argument("--transport", choices=("auto", "kernel", "mfusepy"),
                    default=os.environ.get("CKPTFS_TRANSPORT", "auto"),
                    help="auto (default): our own /dev/fuse transport on Linux where it can mount "
