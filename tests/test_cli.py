@@ -128,6 +128,24 @@ def test_bad_option_values_are_clear_errors(tmp_path, opt: list[str]) -> None:
     assert not is_ckptfs_mount(str(tmp_path))
 
 
+def test_progress_bars_with_rate_and_eta_only_when_asked_or_on_a_terminal(tmp_path) -> None:
+    d = tmp_path / "d"
+    d.mkdir()
+    with Mount(d) as m:
+        for i in range(3):
+            (m.path / f"f{i}.bin").write_bytes(os.urandom(3 << 20))
+        r = ckptfs("scrub", str(m.path), "--wait", "--progress")
+        assert r.returncode == 0 and "100.0%" in r.stderr and "MiB/s ETA" in r.stderr, r.stderr
+        assert json.loads(r.stdout)["state"] == "idle"
+        r = ckptfs("scrub", str(m.path), "--wait")  # not a terminal: no bar
+        assert r.returncode == 0 and "ETA" not in r.stderr
+        assert json.loads(ckptfs("show", "--json", str(m.path / "f0.bin")).stdout)["status"] == "committed"
+    r = ckptfs("verify", str(d), "--progress")
+    assert r.returncode == 0 and "100.0%" in r.stderr and "MiB/s ETA" in r.stderr, r.stderr
+    r = ckptfs("verify", str(d))
+    assert r.returncode == 0 and "ETA" not in r.stderr and r.stdout.strip().endswith("OK")
+
+
 def test_umount_not_mounted(tmp_path) -> None:
     assert "not a ckptfs mount" in one_error_line(ckptfs("umount", str(tmp_path)))
 

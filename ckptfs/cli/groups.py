@@ -406,6 +406,7 @@ def add_parsers(sub: Any) -> None:
     ls.set_defaults(func=cmd_ls)
     sh = sub.add_parser("show", help="a group's state, files and lineage; a file's status (blake3, size, generation)")
     sh.add_argument("group")
+    sh.add_argument("--json", action="store_true", help="(its output is JSON already)")
     sh.set_defaults(func=cmd_show)
     se = sub.add_parser("seal", help="seal DIR as a checkpoint group now (mounted)")
     se.add_argument("dir")

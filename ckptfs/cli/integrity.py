@@ -192,11 +192,23 @@ def cmd_scrub(a: argparse.Namespace) -> int:
     if not a.wait:
         print(f"ckptfs: background scrub of {root} started (see: ckptfs status {root})")
         return 0
+    bar = None
     while True:
         info = json.loads(os.getxattr(root, X_SCRUB))
         if info.get("state") == "idle" and info.get("finished", 0) >= t0 and info != before:
             break
+        if info.get("state") == "running" and info.get("bytes_total") and (a.progress or sys.stderr.isatty()):
+            if bar is None:
+                bar = ProgressBar(info["bytes_total"], True)
+                bar.set_label("scrub")
+            bar(info.get("bytes_done", 0) - bar.done)
         time.sleep(0.1)
+    if bar is None and info.get("bytes_total") and (a.progress or sys.stderr.isatty()):
+        bar = ProgressBar(info["bytes_total"], True)  # finished before the first look: its end
+        bar.set_label("scrub")
+    if bar is not None:
+        bar(bar.total - bar.done)
+        bar.finish()
     print(json.dumps(info, indent=2))
     return 1 if info.get("corrupt") else 0
 

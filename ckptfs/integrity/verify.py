@@ -272,7 +272,8 @@ def untracked_files(store: BackingStore, records: dict[str, FileRecord], prefix:
 
 
 class ProgressBar:
-    """A one-line progress bar on stderr (bytes hashed of a known total)."""
+    """A one-line progress bar on stderr (bytes hashed of a known total), with rate and ETA; the
+    commands enable it only on a terminal (or with --progress)."""
 
     def __init__(self, total: int, enabled: bool, stream=None) -> None:
         self.total = max(total, 1)
@@ -281,6 +282,7 @@ class ProgressBar:
         self.stream = stream or sys.stderr
         self.label = ""
         self.last = 0.0
+        self.t0 = time.monotonic()
 
     def set_label(self, label: str) -> None:
         self.label = label
@@ -299,8 +301,11 @@ class ProgressBar:
         self.last = now
         frac = min(self.done / self.total, 1.0)
         bar = "#" * int(frac * 30)
+        rate = self.done / max(now - self.t0, 1e-6)
+        eta = (self.total - self.done) / rate if rate > 0 else float("inf")
+        eta_s = f"{int(eta) // 60}:{int(eta) % 60:02d}" if eta < 360000 else "--:--"
         self.stream.write(f"\r[{bar:<30}] {frac * 100:5.1f}% {self.done / 2**20:9.1f}/{self.total / 2**20:.1f} MiB "
-                          f"{self.label[-40:]:<40}")
+                          f"{rate / 2**20:7.1f} MiB/s ETA {eta_s} {self.label[-32:]:<32}")
         self.stream.flush()
 
     def finish(self) -> None:
