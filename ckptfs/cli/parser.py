@@ -45,8 +45,58 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# mount(8) options that are the kernel's or mount's own business, not ckptfs's (fstab, systemd)
+_MOUNT_NOISE = {"rw", "ro", "dev", "nodev", "suid", "nosuid", "exec", "noexec", "auto", "noauto", "user",
+                "nouser", "users", "defaults", "nofail", "_netdev", "relatime", "noatime", "atime", "sync",
+                "async", "dirsync", "lazytime", "silent", "loud"}
+_FLAG_OPTIONS = {"no_format_check", "allow_other", "no_passthrough", "force", "debug"}
+
+
+def helper_argv(argv: list[str]) -> list[str] | None:
+    """fuse3's mount helper (``mount -t fuse.ckptfs SRC DIR -o OPTS``: /etc/fstab, systemd .mount
+    units) runs ``ckptfs SRC DIR -o rw,commit=async,keep_last=3,...``; the ``ckptfs mount`` argv
+    for it, or None if ``argv`` is an ordinary command line.  ``key=value`` becomes
+    ``--key value`` (``_`` as ``-``), a bare ``no_passthrough`` ``--no-passthrough``; mount's own
+    options (rw, dev, suid, noauto, x-systemd.*, ...) are dropped.  SRC == DIR mounts in place."""
+    if len(argv) < 2 or not (os.path.isabs(argv[0]) and os.path.isabs(argv[1])):
+        return None  # (a command's name is never an absolute path)
+    src, dst, rest = argv[0], argv[1], argv[2:]
+    opts: list[str] = []
+    while rest:
+        if rest[0] == "-o" and len(rest) > 1:
+            opts += [o for o in rest[1].split(",") if o]
+            rest = rest[2:]
+        else:
+            raise CliError(f"mount helper: unexpected argument {rest[0]!r} (want: SRC DIR -o OPTIONS)")
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    known = set(sub.choices["mount"]._option_string_actions)
+    out = ["mount", dst]
+    if os.path.realpath(src) != os.path.realpath(dst):
+        out += ["--backing", src]
+    for o in opts:
+        key, eq, value = o.partition("=")
+        if key in _MOUNT_NOISE or key.startswith("x-"):
+            continue
+        flag = "--" + key.replace("_", "-")
+        if flag not in known:
+            raise CliError(f"mount option {o!r}: not a ckptfs option (see ckptfs mount --help)")
+        if eq:
+            out += [flag, value]
+        elif key in _FLAG_OPTIONS:
+            out.append(flag)
+        else:
+            raise CliError(f"mount option {o!r}: not a ckptfs option (see ckptfs mount --help)")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        helper = helper_argv(argv)
+    except CliError as e:
+        print(f"ckptfs: error: {e}", file=sys.stderr)
+        return e.code
+    args = build_parser().parse_args(helper if helper is not None else argv)
     try:
         return args.func(args)
     except CliError as e:
