@@ -70,8 +70,11 @@ def test_mount_t_fuse_ckptfs_with_options_as_fstab_does(tmp_path: Path) -> None:
             _umount(d)
         r = subprocess.run(["mount", "-t", "fuse.ckptfs", str(d), str(d), "-o", "commit=async,colour=blue"],
                            capture_output=True, text=True, timeout=120)
-        assert r.returncode != 0 and "mount option 'colour=blue': not a ckptfs option" in r.stderr, r
-        assert not is_ckptfs_mount(str(d))
+        try:
+            assert r.returncode != 0 and "mount option 'colour=blue': not a ckptfs option" in r.stderr, r
+            assert not is_ckptfs_mount(str(d))
+        finally:
+            _umount(d)
         src = tmp_path / "src"
         src.mkdir()
         r = subprocess.run(["mount", "-t", "fuse.ckptfs", str(src), str(d), "-o", "rw,noatime,x-systemd.automount"],
