@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from dataclasses import dataclass
 
 MOUNTINFO = "/proc/self/mountinfo"
@@ -64,8 +65,25 @@ def parse_mountinfo(data: bytes) -> list[MountEntry]:
     return [e for e in map(parse_line, data.split(b"\n")) if e is not None]
 
 
+def darwin_fstype(fstype: str, source: str) -> str:
+    """macFUSE reports every FUSE mount as ``macfuse`` (older: ``osxfuse``); ours carry the source
+    ``ckptfs:...`` (the fsname we mount with), so they get Linux's name for them."""
+    if fstype in ("macfuse", "osxfuse") and source.startswith("ckptfs"):
+        return CKPTFS_FSTYPE
+    return fstype
+
+
 def read_mountinfo(path: str = MOUNTINFO) -> list[MountEntry]:
-    """This process's mount table; empty where it cannot be read (no /proc)."""
+    """This process's mount table; empty where it cannot be read.  On Darwin from getfsstat(2)
+    (``darwin.mounts``; no mount ids or devices there)."""
+    if sys.platform == "darwin" and path == MOUNTINFO:
+        from ckptfs import darwin
+
+        try:
+            return [MountEntry(0, 0, "", "/", mp, darwin_fstype(fstype, src), src)
+                    for mp, fstype, src in darwin.mounts()]
+        except OSError:
+            return []
     try:
         with open(path, "rb") as f:
             return parse_mountinfo(f.read())

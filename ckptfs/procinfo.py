@@ -9,6 +9,7 @@ in ``flags`` (field 9) and ``exit_code`` (field 52) holds the terminating signal
 from __future__ import annotations
 
 import os
+import sys
 
 PF_EXITING = 0x00000004
 
@@ -44,6 +45,10 @@ def killing_signal(pid: int) -> int | None:
     """
     if pid <= 0:
         return None
+    if sys.platform == "darwin":
+        from ckptfs import darwin
+
+        return darwin.killing_signal(pid)
     try:
         flags, exit_code = parse_stat(_read_proc(pid, "stat"))
     except (OSError, ValueError, IndexError):
