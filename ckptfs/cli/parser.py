@@ -98,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         return e.code
     args = build_parser().parse_args(helper if helper is not None else argv)
     try:
-        return args.func(args)
+        rc = args.func(args)
+        sys.stdout.flush()  # here, where a reader gone away is handled below, not at interpreter exit
+        return rc
     except CliError as e:
         print(f"ckptfs: error: {e}", file=sys.stderr)
         return e.code
