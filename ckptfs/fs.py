@@ -92,6 +92,7 @@ WRITEBACK_WINDOW = 8 << 20  # staged data is pushed to disk in windows of this s
 # a version it wrote is refused with ENOSPC if less than DISK_FULL_MARGIN (or 5 %) is free at its seal
 PASSTHROUGH_WRITE_MIN_FREE = 1 << 30
 DISK_FULL_MARGIN = 64 << 20
+PACE_SECONDS = 0.02  # how often passthrough writers' filled windows start their writeback
 
 
 
@@ -213,6 +214,9 @@ class CkptFS:
                                                  name="ckptfs-housekeeper", daemon=True)
             self._housekeeper.start()
         self._writeback = getattr(store, "writeback_hint", None) or (lambda fd, off, n: None)
+        self._paced: dict[int, tuple[Version, int]] = {}  # passthrough writers' versions -> bytes hinted
+        self._paced_lock = threading.Lock()
+        self._pacer: threading.Thread | None = None
         log.info("recovery: %s", self.recovery.summary())
 
     def _housekeep(self, interval: float) -> None:
@@ -472,6 +476,38 @@ class CkptFS:
             v.digest.stale = True
             v.shows_ino = v.ino
         self.stats["passthrough_writers"] += 1
+        with self._paced_lock:
+            self._paced[id(v)] = (v, 0)
+            if self._pacer is None:
+                self._pacer = threading.Thread(target=self._pace_writeback, name="ckptfs-pacer", daemon=True)
+                self._pacer.start()
+
+    def _pace_writeback(self) -> None:
+        """W1: the kernel writes a passthrough writer's staging file without us, so the writeback
+        hints the WRITE path gives every WRITEBACK_WINDOW (``write``) come from here: every
+        PACE_SECONDS, the windows each open bypassed version has filled since start their
+        writeback, so the disk works while the application writes and the seal's fsync finds
+        little left.  A hint only: it changes no state (it runs under the version's lock, so never
+        on a closed fd)."""
+        while not self._stop.wait(PACE_SECONDS):
+            with self._paced_lock:
+                items = list(self._paced.items())
+            for key, (v, done) in items:
+                with v.lock:
+                    if v.state != staged.OPEN:
+                        with self._paced_lock:
+                            self._paced.pop(key, None)
+                        continue
+                    try:
+                        size = self.store.fstat(v.fd).st_size
+                    except OSError:
+                        continue
+                    upto = size // WRITEBACK_WINDOW * WRITEBACK_WINDOW
+                    if upto > done:
+                        self._writeback(v.fd, done, upto - done)
+                        with self._paced_lock:
+                            if key in self._paced:
+                                self._paced[key] = (v, upto)
 
     def _after_bypass(self, v: Version, wait: bool = False) -> None:
         """W2: the kernel writes a bypassed version's staging file for as long as its handle is open,
