@@ -84,6 +84,23 @@ def sample(fs: CkptFS) -> dict[str, Any]:
     }
 
 
+# (sample key, metric name, kind, help, label) for every metric but the histogram; a labelled one
+# samples a dict label value -> number
+METRICS = (
+    ("commits_total", "ckptfs_commits", "counter", "Versions committed (installed durably)", None),
+    ("bytes_committed_total", "ckptfs_bytes_committed", "counter", "Bytes of the versions committed", None),
+    ("aborts_total", "ckptfs_aborts", "counter", "Versions never committed, by reason", "reason"),
+    ("corrupt_total", "ckptfs_corrupt", "counter", "Corrupt files or groups found (verify on open, scrub)", None),
+    ("groups", "ckptfs_groups", "gauge", "Checkpoint groups known to the daemon, by state", "state"),
+    ("commit_queue_depth", "ckptfs_commit_queue_depth", "gauge", "Versions waiting for the async committer", None),
+    ("verify_bytes_total", "ckptfs_verify_bytes", "counter", "Bytes hashed to verify committed files", None),
+    ("scrub_progress_ratio", "ckptfs_scrub_progress_ratio", "gauge",
+     "Progress of the running scrub (1: the last finished)", None),
+    ("slow_commits_total", "ckptfs_slow_commits", "counter",
+     "Commits slower than 2x what this disk's recent commits predict (the slow-persist alert)", None),
+)
+
+
 class _Collector:
     def __init__(self, fs: CkptFS) -> None:
         self.fs = fs
@@ -92,28 +109,15 @@ class _Collector:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
         v = sample(self.fs)
-        yield CounterMetricFamily("ckptfs_commits", "Versions committed (installed durably)",
-                                  value=v["commits_total"])
-        yield CounterMetricFamily("ckptfs_bytes_committed", "Bytes of the versions committed",
-                                  value=v["bytes_committed_total"])
-        a = CounterMetricFamily("ckptfs_aborts", "Versions never committed, by reason", labels=["reason"])
-        for k, n in v["aborts_total"].items():
-            a.add_metric([k], n)
-        yield a
-        yield CounterMetricFamily("ckptfs_corrupt", "Corrupt files or groups found (verify on open, scrub)",
-                                  value=v["corrupt_total"])
-        g = GaugeMetricFamily("ckptfs_groups", "Checkpoint groups known to the daemon, by state", labels=["state"])
-        for k, n in v["groups"].items():
-            g.add_metric([k], n)
-        yield g
-        yield GaugeMetricFamily("ckptfs_commit_queue_depth", "Versions waiting for the async committer",
-                                value=v["commit_queue_depth"])
-        yield CounterMetricFamily("ckptfs_verify_bytes", "Bytes hashed to verify committed files",
-                                  value=v["verify_bytes_total"])
-        yield GaugeMetricFamily("ckptfs_scrub_progress_ratio", "Progress of the running scrub (1: the last finished)",
-                                value=v["scrub_progress_ratio"])
-        yield CounterMetricFamily("ckptfs_slow_commits", "Commits slower than 2x what this disk's recent commits "
-                                  "predict (the slow-persist alert)", value=v["slow_commits_total"])
+        for key, name, kind, doc, label in METRICS:
+            family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+            if label is None:
+                yield family(name, doc, value=v[key])
+                continue
+            m = family(name, doc, labels=[label])
+            for value, n in v[key].items():
+                m.add_metric([value], n)
+            yield m
         t = v["commit_seconds"]
         yield HistogramMetricFamily("ckptfs_commit_seconds", "Seconds to seal and durably install a version",
                                     buckets=[("+Inf" if le == float("inf") else repr(le), n) for le, n in t["buckets"]],

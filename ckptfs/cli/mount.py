@@ -290,32 +290,22 @@ def cmd_recover(a: argparse.Namespace) -> int:
     return 0
 
 
-def _nonneg(v: str) -> float:
-    try:
-        f = float(v)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {v!r}") from None
-    if f < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0: {v}")
-    return f
+def _number(kind: type, least: float, what: str):
+    """An argparse type: ``kind`` (int or float) of at least ``least``, with a one-line error."""
+    def parse(v: str):
+        try:
+            n = kind(v)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {what}: {v!r}") from None
+        if n < least:
+            raise argparse.ArgumentTypeError(f"must be >= {least}: {v}")
+        return n
+    return parse
 
 
-def _count(v: str) -> int:
-    """A whole number >= 0 (retention counts, generations)."""
-    try:
-        n = int(v)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {v!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0: {v}")
-    return n
-
-
-def _positive(v: str) -> int:
-    n = _count(v)
-    if n == 0:
-        raise argparse.ArgumentTypeError("must be >= 1")
-    return n
+_nonneg = _number(float, 0, "a number")  # seconds, rates
+_count = _number(int, 0, "a whole number")  # generations
+_positive = _number(int, 1, "a whole number")  # retention counts
 
 
 def _add_integrity_args(m: argparse.ArgumentParser) -> None:
