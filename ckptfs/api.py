@@ -25,7 +25,7 @@ from typing import Any
 from ckptfs import META_DIR, offline
 from ckptfs.engine.seals import OPEN, SEALED
 from ckptfs.layout import parent
-from ckptfs.mounts import is_ckptfs_mount
+from ckptfs.mounts import find_backing_root, find_mount_root
 from ckptfs.xattrs import PREFIX, X_ATTRS, X_GROUPS, X_STATUS
 
 __all__ = ["NotCkptfs", "status", "latest", "wait_sealed"]
@@ -36,21 +36,18 @@ class NotCkptfs(ValueError):
 
 
 def _where(path: str) -> tuple[str, str, bool]:
-    """(root, path relative to it, mounted) for ``path``; raises FileNotFoundError, NotCkptfs."""
-    p = os.path.abspath(path)
-    if not os.path.lexists(p):
+    """(root, path relative to it, mounted) for ``path``, as the command line finds it (the
+    mountpoint above it, else the managed directory); raises FileNotFoundError, NotCkptfs."""
+    if not os.path.lexists(path):
         raise FileNotFoundError(2, "no such file or directory", path)
-    q = p
-    while True:
-        if is_ckptfs_mount(q):
-            return q, os.path.relpath(p, q).removeprefix("."), True
-        if os.path.isdir(os.path.join(q, META_DIR)):
-            return q, os.path.relpath(p, q).removeprefix("."), False
-        up = os.path.dirname(q)
-        if up == q:
-            raise NotCkptfs(f"{path}: not inside a ckptfs mount or a directory ckptfs has managed "
-                            f"(no {META_DIR}/ above it)")
-        q = up
+    root = find_mount_root(path)
+    mounted = root is not None
+    if root is None:
+        root = find_backing_root(path)
+    if root is None:
+        raise NotCkptfs(f"{path}: not inside a ckptfs mount or a directory ckptfs has managed "
+                        f"(no {META_DIR}/ above it)")
+    return root, os.path.relpath(os.path.abspath(path), root).removeprefix("."), mounted
 
 
 def status(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -19,7 +19,10 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from ckptfs import META_DIR
 
 MOUNTINFO = "/proc/self/mountinfo"
 CKPTFS_FSTYPE = "fuse.ckptfs"
@@ -117,3 +120,25 @@ def containing(path: str, mountinfo: str = MOUNTINFO) -> MountEntry | None:
 def is_ckptfs_mount(path: str) -> bool:
     ent = mount_entry(path)
     return ent is not None and ent.fstype == CKPTFS_FSTYPE
+
+
+def _up_to(path: str, found: Callable[[str], bool]) -> str | None:
+    """The nearest directory at or above ``path`` for which ``found`` holds."""
+    p = os.path.abspath(path)
+    while True:
+        if found(p):
+            return p
+        up = os.path.dirname(p)
+        if up == p:
+            return None
+        p = up
+
+
+def find_mount_root(path: str) -> str | None:
+    """The ckptfs mountpoint at or above ``path``, if any."""
+    return _up_to(path, is_ckptfs_mount)
+
+
+def find_backing_root(path: str) -> str | None:
+    """The directory at or above ``path`` that ckptfs manages (it holds ``.ckptfs/``), if any."""
+    return _up_to(path, lambda p: os.path.isdir(os.path.join(p, META_DIR)))

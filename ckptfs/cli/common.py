@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 
 from ckptfs import META_DIR
-from ckptfs.mounts import is_ckptfs_mount
+from ckptfs.mounts import find_backing_root, find_mount_root, is_ckptfs_mount
 from ckptfs.xattrs import X_PID
 
 __all__ = ["CliError", "Where", "daemon_pid", "find_backing_root", "find_mount_root", "fusermount",
@@ -43,28 +43,6 @@ def daemon_pid(path: str) -> int | None:
         return int(os.getxattr(path, X_PID))
     except (OSError, ValueError, AttributeError):
         return None
-
-
-def find_mount_root(path: str) -> str | None:
-    p = os.path.abspath(path)
-    while True:
-        if is_ckptfs_mount(p):
-            return p
-        up = os.path.dirname(p)
-        if up == p:
-            return None
-        p = up
-
-
-def find_backing_root(path: str) -> str | None:
-    p = os.path.abspath(path)
-    while True:
-        if os.path.isdir(os.path.join(p, META_DIR)):
-            return p
-        up = os.path.dirname(p)
-        if up == p:
-            return None
-        p = up
 
 
 @dataclass
