@@ -214,7 +214,7 @@ class CkptFS:
                                                  name="ckptfs-housekeeper", daemon=True)
             self._housekeeper.start()
         self._writeback = getattr(store, "writeback_hint", None) or (lambda fd, off, n: None)
-        self._paced: dict[int, tuple[Version, int]] = {}  # passthrough writers' versions -> bytes hinted
+        self._paced: dict[int, Version] = {}  # open passthrough writers' versions (the pacer's work list)
         self._paced_lock = threading.Lock()
         self._pacer: threading.Thread | None = None
         log.info("recovery: %s", self.recovery.summary())
@@ -477,7 +477,7 @@ class CkptFS:
             v.shows_ino = v.ino
         self.stats["passthrough_writers"] += 1
         with self._paced_lock:
-            self._paced[id(v)] = (v, 0)
+            self._paced[id(v)] = v
             if self._pacer is None:
                 self._pacer = threading.Thread(target=self._pace_writeback, name="ckptfs-pacer", daemon=True)
                 self._pacer.start()
@@ -492,7 +492,7 @@ class CkptFS:
         while not self._stop.wait(PACE_SECONDS):
             with self._paced_lock:
                 items = list(self._paced.items())
-            for key, (v, done) in items:
+            for key, v in items:
                 with v.lock:
                     if v.state != staged.OPEN:
                         with self._paced_lock:
@@ -503,11 +503,9 @@ class CkptFS:
                     except OSError:
                         continue
                     upto = size // WRITEBACK_WINDOW * WRITEBACK_WINDOW
-                    if upto > done:
-                        self._writeback(v.fd, done, upto - done)
-                        with self._paced_lock:
-                            if key in self._paced:
-                                self._paced[key] = (v, upto)
+                    if upto > v.hinted:
+                        self._writeback(v.fd, v.hinted, upto - v.hinted)
+                        v.hinted = upto  # (the seal starts the rest: CommitEngine.seal)
 
     def _after_bypass(self, v: Version, wait: bool = False) -> None:
         """W2: the kernel writes a bypassed version's staging file for as long as its handle is open,

@@ -52,7 +52,7 @@ _MOUNT_NOISE = {"rw", "ro", "dev", "nodev", "suid", "nosuid", "exec", "noexec", 
 _FLAG_OPTIONS = {"no_format_check", "allow_other", "no_passthrough", "force", "debug"}
 
 
-def helper_argv(argv: list[str]) -> list[str] | None:
+def helper_argv(argv: list[str], parser: argparse.ArgumentParser | None = None) -> list[str] | None:
     """fuse3's mount helper (``mount -t fuse.ckptfs SRC DIR -o OPTS``: /etc/fstab, systemd .mount
     units) runs ``ckptfs SRC DIR -o rw,commit=async,keep_last=3,...``; the ``ckptfs mount`` argv
     for it, or None if ``argv`` is an ordinary command line.  ``key=value`` becomes
@@ -68,7 +68,7 @@ def helper_argv(argv: list[str]) -> list[str] | None:
             rest = rest[2:]
         else:
             raise CliError(f"mount helper: unexpected argument {rest[0]!r} (want: SRC DIR -o OPTIONS)")
-    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    sub = next(a for a in (parser or build_parser())._actions if isinstance(a, argparse._SubParsersAction))
     known = set(sub.choices["mount"]._option_string_actions)
     out = ["mount", dst]
     if os.path.realpath(src) != os.path.realpath(dst):
@@ -91,12 +91,13 @@ def helper_argv(argv: list[str]) -> list[str] | None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
     try:
-        helper = helper_argv(argv)
+        helper = helper_argv(argv, parser)
     except CliError as e:
         print(f"ckptfs: error: {e}", file=sys.stderr)
         return e.code
-    args = build_parser().parse_args(helper if helper is not None else argv)
+    args = parser.parse_args(helper if helper is not None else argv)
     try:
         rc = args.func(args)
         sys.stdout.flush()  # here, where a reader gone away is handled below, not at interpreter exit

@@ -57,7 +57,7 @@ log = logging.getLogger("ckptfs")
 #: a record with more chunk digests than this is journaled before the rename instead of carried
 #: (64 hex characters per MiB: 32 MiB -> ~2.3 KB, inside one ext4 xattr block beside others)
 CARRY_MAX_CHUNKS = 32
-WRITEBACK_AHEAD = 1 << 20  # a bypassed version larger than this starts its writeback before it is hashed
+WRITEBACK_AHEAD = 1 << 20  # a bypassed version with more unhinted bytes starts their writeback before it is hashed
 _NO_CARRY = (errno.ENOTSUP, errno.EOPNOTSUPP, errno.E2BIG, errno.ERANGE, errno.ENOSPC, errno.EPERM)
 
 
@@ -227,9 +227,10 @@ class CommitEngine:
         if v.bypassed:
             v.sealed_key = (size, st.st_mtime_ns)  # a later write changes it (fs.CkptFS._after_bypass)
             self.stats["bytes_passed_through"] += size  # written by the kernel (bytes_written: by us)
-            if size > WRITEBACK_AHEAD:
-                # the kernel wrote its bytes without us: start their writeback while they are hashed
-                flusher = threading.Thread(target=self.store.writeback_hint, args=(v.fd, 0, size),
+            if size - v.hinted > WRITEBACK_AHEAD:
+                # the kernel wrote its bytes without us: start the writeback of those the pacer has
+                # not started yet (fs.CkptFS._pace_writeback) while they are hashed
+                flusher = threading.Thread(target=self.store.writeback_hint, args=(v.fd, v.hinted, size - v.hinted),
                                            name="ckptfs-writeback", daemon=True)
                 flusher.start()
         try:

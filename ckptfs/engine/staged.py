@@ -72,6 +72,7 @@ class Version:
     bypassed: bool = False
     sealed_key: tuple = ()
     shows_ino: int = 0  # bypassed: the backing inode whose path shows its bytes once installed
+    hinted: int = 0  # bypassed: bytes from offset 0 whose writeback was started (the facade's pacer)
     seal_seconds: float = 0.0  # how long its seal took (hashing, format check): part of its commit time
     keep_prev: bool = True  # False: the file it replaces is no generation to keep (written in place, W2)
 
