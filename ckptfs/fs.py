@@ -170,6 +170,10 @@ class CkptFS:
         self.ns_seq = 0  # completed unlinks and renames (under lock): _publish_new re-checks across one
         self.stats: collections.Counter[str] = collections.Counter()
         self.events = events.Events()  # what changed, for adapters (cache invalidation) and the mirror
+        # more status attributes of a path, from components above the core that subscribe to its
+        # events (the mirror's upload state): path -> {name: value}; they must not block
+        self.attr_sources: list[Callable[[str], dict[str, str]]] = []
+        self.on_shutdown: list[Callable[[], None]] = []  # run first at unmount (the mirror stops its uploads)
         self.shut_down = False
         # kept previous versions (G11, --on-corrupt rollback): written by the commit path
         self.gens = Generations(store, keep_generations, self.recovery.generations)
@@ -373,6 +377,13 @@ class CkptFS:
         """``ckptfs seal`` / ``user.ckptfs.seal``: the directory at ``path`` becomes a sealed group."""
         return self.grp.seal(path, pid)
 
+    def apply_retention(self, d: str) -> None:
+        """Run retention (G8) in directory ``d`` now: the mirror calls it once a group that retention
+        had to keep (its remote COMMIT not yet confirmed) is committed remotely."""
+        self.commit.barrier()
+        with self.commit_lock:
+            self.grp.apply_retention(d)
+
     def gc(self, dry_run: bool = False, pid: int = 0) -> dict[str, Any]:
         """``ckptfs gc`` / ``user.ckptfs.gc``: delete quarantined groups and debris; the report."""
         return self.grp.gc(dry_run, pid)
@@ -575,6 +586,11 @@ class CkptFS:
         """Finish queued commits, discard open versions' staging, close fds."""
         if self.shut_down:
             return
+        for fn in self.on_shutdown:
+            try:
+                fn()
+            except Exception:
+                log.exception("shutdown hook failed")
         self._stop.set()
         if self._housekeeper is not None:
             self._housekeeper.join()
@@ -1451,7 +1467,7 @@ class CkptFS:
     # ---------------------------------------------------------------- xattrs
     def _status_attrs(self, path: str) -> dict[str, str]:
         if path == "":
-            return {
+            out = {
                 X_VERSION: __version__,
                 X_PID: str(os.getpid()),
                 X_COMMIT_MODE: self.commit_mode,
@@ -1466,6 +1482,9 @@ class CkptFS:
                 X_GC_REPORT: self.grp.gc_report_json(),
                 **self.integrity.root_attrs(),
             }
+            for source in self.attr_sources:
+                out.update(source(path))
+            return out
         out: dict[str, str] = {}
         g = self.groups.get(path)
         if g is not None and g.state in (OPEN, SEALED) and not g.tentative:
@@ -1480,6 +1499,8 @@ class CkptFS:
                         out[X_MANIFEST_FILES] = names
                 except (SealError, OSError) as e:
                     out[X_ERROR] = f"seal unreadable: {e}"
+            for source in self.attr_sources:
+                out.update(source(path))
             return out
         if self._visible(path) is None and stat.S_ISDIR(self.store.lstat(path).st_mode):
             out[X_GROUPS] = self.grp.groups_json_attr(path)

@@ -42,6 +42,9 @@ X_SCRUB = PREFIX + "scrub"  # JSON: scrubber state and findings
 X_ON_CORRUPT = PREFIX + "on_corrupt"
 X_KEEP_GENERATIONS = PREFIX + "keep_generations"
 X_GC_REPORT = PREFIX + "gc_report"  # JSON: what the last gc (or dry run) deleted, bytes freed
+# the tiered mirror (ckptfs/mirror): on the root, JSON (where, backlog, pinned bytes, alert); on a
+# sealed group, its upload state: pending / uploading k/n / waiting for other nodes / committed / failed: why
+X_MIRROR = PREFIX + "mirror"
 
 # -- on a directory (the root too)
 X_QUARANTINE = PREFIX + "quarantine"  # JSON: what was moved out of sight from it, why, when, kept where
@@ -79,7 +82,7 @@ STATUS_VALUES = ("open", "sealed", CORRUPT, STAGING, COMMITTED, UNTRACKED)
 
 # root attributes about other paths (filtered per caller) and daemon-wide ones (root only)
 _PER_PATH_LISTS = (X_ABORTS, X_CORRUPT)
-_DAEMON_WIDE = (X_METADATA, X_SCRUB, X_GC_REPORT)
+_DAEMON_WIDE = (X_METADATA, X_SCRUB, X_GC_REPORT, X_MIRROR)
 
 
 def is_status_name(name: str) -> bool:

@@ -44,9 +44,11 @@ CONTROL = X_CONTROL.encode()
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     v = sub.add_parser("verify", help="verify committed files against their digests (mounted or not)")
-    v.add_argument("path", help="a ckptfs directory, or a file/directory inside one")
+    v.add_argument("path", help="a ckptfs directory, a file/directory inside one, or a mirror s3://BUCKET/PREFIX")
     v.add_argument("--progress", action="store_true", help="progress bar on stderr even when not a tty")
     v.add_argument("--json", action="store_true", help="one JSON object per file on stdout")
+    v.add_argument("--read-data", action="store_true", help="s3://...: download and hash every object too")
+    v.add_argument("--group", metavar="NAME", help="s3://...: only this committed group")
 
     s = sub.add_parser("scrub", help="re-verify everything: offline now, or start the mounted daemon's scrub")
     s.add_argument("dir")

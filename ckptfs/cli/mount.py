@@ -14,6 +14,7 @@ import time
 
 from ckptfs import META_DIR, __version__, procinfo
 from ckptfs.backing import OsBackingStore
+from ckptfs.cli import mirror as mirror_cli
 from ckptfs.cli.common import CliError, daemon_pid, fusermount, is_ckptfs_mount
 from ckptfs.procinfo import is_alive
 
@@ -95,6 +96,7 @@ def check_fuse_available() -> None:
 def cmd_mount(a: argparse.Namespace) -> int:
     d = os.path.abspath(a.dir)
     backing = os.path.abspath(a.backing) if a.backing else d
+    mirror_cli.check_mount_args(a)
     check_mountpoint(d)
     if a.backing:
         if not os.path.isdir(backing):
@@ -137,6 +139,7 @@ def spawn_daemon(a: argparse.Namespace, d: str) -> int:
         if getattr(a, opt) is not None:
             argv += ["--" + opt.replace("_", "-"), str(getattr(a, opt))]
     argv += _integrity_argv(a)
+    argv += mirror_cli.mount_argv(a)
     env = dict(os.environ, CKPTFS_READY_FD=str(wfd))
     pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = pkg_root + os.pathsep + env.get("PYTHONPATH", "")
@@ -172,6 +175,12 @@ def run_foreground(a: argparse.Namespace, d: str, backing: str) -> int:
         except CorruptMetadata as e:
             raise CliError(f"{backing}: {e}; run 'ckptfs recover --rebuild {backing}'", 1) from None
         log.info("ckptfs %s serving %s (backing %s, commit=%s)", __version__, d, backing, a.commit)
+        if a.mirror:
+            try:
+                mirror_cli.start_mirror(fs, a)  # stops itself first at unmount (fs.on_shutdown)
+            except CliError:
+                fs.shutdown()
+                raise
         if a.metrics:
             from ckptfs import metrics
 
@@ -208,6 +217,8 @@ def load_rules(store: OsBackingStore, a: argparse.Namespace):
             raise CliError(f"bad group configuration: {e}", 2) from None
     over = {k: v for k, v in (("keep_last", a.keep_last), ("keep_every", a.keep_every),
                                ("idle_seconds", a.idle_seal)) if v is not None}
+    if getattr(a, "node_part", False):  # multi-node: a part sealed when idle (its marker lands elsewhere)
+        over["rules"] = tuple(dataclasses.replace(r, idle_seal=True) for r in rules.rules)
     return dataclasses.replace(rules, **over) if over else rules
 
 
@@ -361,6 +372,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--no-passthrough", action="store_true",
                    help="serve reads through the daemon even where FUSE passthrough is available")
     _add_integrity_args(m)
+    mirror_cli.add_mount_args(m)
     m.set_defaults(func=cmd_mount)
 
     u = sub.add_parser("umount", help="unmount, waiting for pending commits")

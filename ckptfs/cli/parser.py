@@ -12,14 +12,17 @@ import os
 import sys
 
 from ckptfs import __version__
-from ckptfs.cli import groups, integrity, mount, status
+from ckptfs.cli import groups, integrity, mirror, mount, status
 from ckptfs.cli.common import CliError, locate
 
 
 def cmd_verify(a: argparse.Namespace) -> int:
     """``ckptfs verify``: every committed file against its digests (integrity), then every
     group at or under PATH against its manifest and COMMIT (G1, files added after the seal).
-    One summary line for both, its verdict the exit status's (0 OK, 1 FAILED)."""
+    One summary line for both, its verdict the exit status's (0 OK, 1 FAILED).  ``s3://...``:
+    the mirror's committed groups (cli/mirror.py)."""
+    if a.path.startswith("s3://"):
+        return mirror.cmd_verify_remote(a)
     rc, words = integrity.verify_files(a)
     inside = True
     try:
@@ -41,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_parsers(sub)
     integrity.add_parsers(sub)  # verify, scrub, forget
     groups.add_parsers(sub)  # ls, show, seal, gc
+    mirror.add_parsers(sub)  # restore
     sub.choices["verify"].set_defaults(func=cmd_verify)
     return p
 

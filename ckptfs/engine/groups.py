@@ -131,6 +131,9 @@ class GroupEngine:
         self.ns_op = ns_op  # journal + do + fsync dirs, one namespace change
         self.children_pending = children_pending
         self.lexists = lexists
+        # whether retention may delete a sealed group now (the mirror pins one whose remote COMMIT
+        # is not confirmed yet: M4 in ckptfs/mirror); a pinned group is kept and counted
+        self.may_retire: Callable[[GroupState], bool] = lambda g: True
 
     # ---------------------------------------------------------------- lookup
     def group_of(self, path: str) -> GroupState | None:
@@ -432,7 +435,7 @@ class GroupEngine:
         self.events.emit(events.SEALED, g.path, reason=event)
         log.info("sealed group %s (%d files, %d bytes) on %s", g.path, len(files), nbytes, event)
         self._purge_trashed(parent(g.path), g)
-        self._apply_retention(parent(g.path))
+        self.apply_retention(parent(g.path))
         return True
 
     def _previous_sealed(self, g: GroupState) -> GroupState | None:
@@ -823,7 +826,7 @@ class GroupEngine:
             self._purge(g)
 
     # ------------------------------------------------------------- retention
-    def _apply_retention(self, d: str) -> None:
+    def apply_retention(self, d: str) -> None:
         """G8.  Caller holds commit_lock."""
         keep_last, keep_every = self.rules.keep_last, self.rules.keep_every
         if keep_last <= 0:
@@ -837,7 +840,11 @@ class GroupEngine:
             keep |= {g.path for g in sealed if g.step % keep_every == 0}
         for g in sealed:
             if g.path not in keep:
-                self._retire(g)
+                if self.may_retire(g):
+                    self._retire(g)
+                else:
+                    self.stats["retention_pinned"] += 1
+                    log.info("retention: kept %s: its remote COMMIT is not confirmed yet (mirror)", g.path)
 
     def _retire(self, g: GroupState) -> None:
         to = f"{TRASH}/{g.id}"
