@@ -142,6 +142,8 @@ class Mount:
             return None
 
     def __enter__(self) -> Mount:
+        if self.proc is not None and self.proc.poll() is None:
+            return self  # ``with m.start():``: already serving (a second start would orphan the first daemon)
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -108,7 +108,9 @@ class SeaweedS3:
             [weed_binary(), "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={self.dir / 'data'}",
              f"-master.port={self.master}", f"-volume.port={self.volume}", f"-filer.port={self.filer}",
              "-s3", f"-s3.port={self.s3}", "-s3.port.iceberg=0", "-s3.port.lance=0",
-             "-master.volumeSizeLimitMB=1024", "-volume.max=0"],
+             # small volumes, many slots: every bucket is a collection that grows its own volumes, and
+             # the automatic slot count (free disk / volume size) ran out after ~7 buckets of 1 GiB
+             "-master.volumeSizeLimitMB=256", "-volume.max=400"],
             stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         self._wait_ready(timeout)
         return self
@@ -142,6 +144,16 @@ class SeaweedS3:
     def make_bucket(self, name: str) -> str:
         self.client().create_bucket(Bucket=name)
         return name
+
+    def drop_bucket(self, name: str) -> None:
+        """Delete a bucket and everything in it (its volumes are freed for the next one)."""
+        c = self.client()
+        for page in c.get_paginator("list_objects_v2").paginate(Bucket=name):
+            for o in page.get("Contents", []):
+                c.delete_object(Bucket=name, Key=o["Key"])
+        for u in c.list_multipart_uploads(Bucket=name).get("Uploads", []):
+            c.abort_multipart_upload(Bucket=name, Key=u["Key"], UploadId=u["UploadId"])
+        c.delete_bucket(Bucket=name)
 
     def log_tail(self, n: int = 4000) -> str:
         try:
