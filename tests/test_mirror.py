@@ -225,6 +225,30 @@ def test_the_startup_probe_passes_on_a_store_that_honours_if_none_match(s3: Seaw
     assert not [k for k in keys(s3, bucket) if ".ckptfs-probe" in k]  # the probe cleans up
 
 
+def test_a_store_that_ignores_if_none_match_is_refused_at_mount(tmp_path: Path, s3: SeaweedS3, bucket: str) -> None:
+    """The probe against a real store behind a proxy that drops If-None-Match (SeaweedFS <= 3.96
+    did): the second conditional put succeeds, so the mount is refused with a clear message."""
+    from ckptfs.mirror.remote import Location, MirrorRefused, Remote
+    from ckptfs_testing.s3proxy import IgnoringProxy
+
+    with IgnoringProxy(s3.endpoint) as proxy:
+        env = {**s3.env(), "AWS_ENDPOINT_URL": proxy.endpoint}
+        import boto3
+        from botocore.config import Config
+
+        pc = boto3.client("s3", endpoint_url=proxy.endpoint, aws_access_key_id=s3.access_key,
+                          aws_secret_access_key=s3.secret_key, region_name=s3.region,
+                          config=Config(request_checksum_calculation="when_required"))
+        with pytest.raises(MirrorRefused, match="If-None-Match"):
+            Remote(Location(bucket, "p"), pc).probe()
+        d = tmp_path / "m"
+        d.mkdir()
+        r = cli("mount", str(d), "--mirror", f"s3://{bucket}/p", env=env, timeout=60)
+        assert r.returncode == 1 and "ignores If-None-Match" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
+        assert not os.path.ismount(d)
+
+
 # ------------------------------------------------------------------ rotation safety
 def test_store_down_with_keep_last_1_never_deletes_a_group_without_a_remote_commit(tmp_path: Path,
                                                                                   bucket: str) -> None:
