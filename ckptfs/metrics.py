@@ -59,9 +59,23 @@ def check_bindable(host: str, port: int) -> None:
                                       f"--metrics {host}:PORT") from None
 
 
+def _mirror(fs: CkptFS) -> dict[str, Any]:
+    """The mirror's root summary (``user.ckptfs.mirror``), {} without ``--mirror``."""
+    import json
+
+    from ckptfs.xattrs import X_MIRROR
+
+    for source in list(fs.attr_sources):
+        v = source("").get(X_MIRROR)
+        if v:
+            return json.loads(v)
+    return {}
+
+
 def sample(fs: CkptFS) -> dict[str, Any]:
     """Every metric's current value (label tuples for labelled ones)."""
     st = dict(fs.stats)
+    mirror = _mirror(fs)
     groups = {s: 0 for s in GROUP_STATES}
     for g in list(fs.grp.groups.values()):
         groups[g.state] = groups.get(g.state, 0) + 1
@@ -81,6 +95,13 @@ def sample(fs: CkptFS) -> dict[str, Any]:
         "scrub_progress_ratio": ratio,
         "slow_commits_total": st.get("slow_commits", 0),
         "commit_seconds": fs.commit.times.snapshot(),
+        "mirror_queue": mirror.get("queue", 0),
+        "mirror_pinned_groups": mirror.get("pinned_groups", 0),
+        "mirror_pinned_bytes": mirror.get("pinned_bytes", 0),
+        "mirror_pin_alert": 1 if mirror.get("alert") else 0,
+        "mirror_bytes_uploaded_total": mirror.get("bytes_uploaded", 0),
+        "mirror_groups_committed_total": mirror.get("groups_committed", 0),
+        "mirror_failures_total": mirror.get("failures", 0),
     }
 
 
@@ -98,6 +119,16 @@ METRICS = (
      "Progress of the running scrub (1: the last finished)", None),
     ("slow_commits_total", "ckptfs_slow_commits", "counter",
      "Commits slower than 2x what this disk's recent commits predict (the slow-persist alert)", None),
+    # the tiered mirror (--mirror; all 0 without it)
+    ("mirror_queue", "ckptfs_mirror_queue", "gauge", "Groups and files waiting for (or in) upload", None),
+    ("mirror_pinned_groups", "ckptfs_mirror_pinned_groups", "gauge",
+     "Sealed groups whose remote COMMIT is not confirmed (retention keeps them)", None),
+    ("mirror_pinned_bytes", "ckptfs_mirror_pinned_bytes", "gauge", "Bytes of those pinned groups", None),
+    ("mirror_pin_alert", "ckptfs_mirror_pin_alert", "gauge", "1 while pinned bytes exceed --mirror-pin-cap", None),
+    ("mirror_bytes_uploaded_total", "ckptfs_mirror_bytes_uploaded", "counter", "Bytes uploaded to the store", None),
+    ("mirror_groups_committed_total", "ckptfs_mirror_groups_committed", "counter",
+     "Groups whose remote COMMIT this node wrote or found", None),
+    ("mirror_failures_total", "ckptfs_mirror_failures", "counter", "Upload steps that failed (retried)", None),
 )
 
 

@@ -259,7 +259,9 @@ def test_store_down_with_keep_last_1_never_deletes_a_group_without_a_remote_comm
         server.make_bucket("pinned")
         d = tmp_path / "ckpts"
         d.mkdir()
-        with mirror_mount(d, server, "s3://pinned/run", "--keep-last", "1", "--mirror-pin-cap", "1M"):
+        port = free_ports(1)[0]
+        with mirror_mount(d, server, "s3://pinned/run", "--keep-last", "1", "--mirror-pin-cap", "1M",
+                          "--metrics", f"127.0.0.1:{port}"):
             save_group(d / "step_1", big_mib=2, seed=1)
             wait_state(d / "step_1")
             server.kill()
@@ -270,6 +272,10 @@ def test_store_down_with_keep_last_1_never_deletes_a_group_without_a_remote_comm
                 ["step_2", "step_3", "step_4"]  # step_1 (committed remotely) went; none of the others
             root = json.loads(os.getxattr(d, "user.ckptfs.mirror"))
             assert root["pinned_groups"] == 3 and root["alert"], root
+            import urllib.request
+
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+            assert "ckptfs_mirror_pin_alert 1.0" in text and "ckptfs_mirror_pinned_groups 3.0" in text, text
             assert mstate(d / "step_2").startswith(("failed:", "pending", "uploading")), mstate(d / "step_2")
             server.start()
             wait_state(d / "step_4", timeout=120)
@@ -284,6 +290,45 @@ def test_store_down_with_keep_last_1_never_deletes_a_group_without_a_remote_comm
             assert f"run/step_{s}/.ckptfs/COMMIT" in ks, ks
     finally:
         server.stop()
+
+
+def test_a_latest_pointer_waits_for_the_group_before_it_and_corrupt_bytes_are_never_uploaded(
+        tmp_path: Path, s3: SeaweedS3, bucket: str) -> None:
+    """DeepSpeed's ``latest`` (a file outside groups, naming global_step10) is uploaded only after
+    the groups queued before it are committed (composer #3376).  Here global_step10's bytes rot on
+    the local disk before its upload: the uploader refuses to send bytes that do not match their
+    commit record, the group's state says why, and ``latest`` stays local."""
+    d, b = tmp_path / "ckpts", tmp_path / "backing"
+    d.mkdir()
+    b.mkdir()
+    m = Mount(d, backing=b, env=s3.env(), extra_args=["--mirror", f"s3://{bucket}/ds", "--mirror-part-size", "8M"])
+    with m:
+        g = d / "global_step9"
+        g.mkdir()
+        (g / "mp_rank_00_model_states.pt").write_bytes(os.urandom(2 * MiB))
+        (d / "latest").write_text("global_step9")
+        wait_state(g)
+        deadline = time.monotonic() + 20
+        while "ds/latest" not in keys(s3, bucket) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "ds/latest" in keys(s3, bucket)  # a pointer after a committed group goes up
+        g = d / "global_step10"
+        g.mkdir()
+        f = g / "mp_rank_00_model_states.pt"
+        f.write_bytes(os.urandom(12 * MiB))
+        with open(b / "global_step10" / f.name, "r+b") as raw:  # bit rot under the mount, before the upload
+            raw.seek(5 * MiB)
+            byte = raw.read(1)
+            raw.seek(5 * MiB)
+            raw.write(bytes([byte[0] ^ 1]))
+        (d / "latest").write_text("global_step10")
+        time.sleep(4)
+        st = mstate(g)
+        assert st.startswith("failed:") and "does not match its commit record" in st, st
+        ks = keys(s3, bucket)
+        assert "ds/global_step10/.ckptfs/COMMIT" not in ks and "ds/global_step10/mp_rank_00_model_states.pt" not in ks
+        body = s3.client().get_object(Bucket=bucket, Key="ds/latest")["Body"].read()
+        assert body == b"global_step9"  # the new latest waits behind the group it names
 
 
 def test_remote_retention_keeps_the_newest_k_and_deletes_commit_first(tmp_path: Path, s3: SeaweedS3,
