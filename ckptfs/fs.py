@@ -146,6 +146,7 @@ class CkptFS:
         scrub_interval: float = 0.0,
         scrub_rate_mb: float = 64.0,
         compact_every: int = COMPACT_EVERY,
+        seal_parts: bool = False,
     ) -> None:
         if commit_mode not in ("sync", "async"):
             raise ValueError("commit_mode must be 'sync' or 'async'")  # before recovery touches the store
@@ -156,7 +157,9 @@ class CkptFS:
         self.backing_label = backing_label
         self.lock = threading.RLock()  # the in-memory tables only (I5)
         self.journal = Journal(store, compact_every=compact_every)
-        self.recovery = recover(store, self.journal)
+        # seal_parts (mount --node-part): a node's part of a multi-node save left open by a crash is
+        # sealed at recovery, not torn (recovery.settle_groups; docs/mirror.md)
+        self.recovery = recover(store, self.journal, seal_parts=seal_parts)
         self.records: dict[str, FileRecord] = self.recovery.files
         self.groups = self.recovery.groups
         self.aborts: collections.deque[dict] = collections.deque(self.recovery.aborts, maxlen=100)

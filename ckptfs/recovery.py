@@ -113,10 +113,16 @@ def _hidden(store: BackingStore, files: dict[str, FileRecord], groups: dict[str,
 
 def settle_groups(store: BackingStore, files: dict[str, FileRecord], groups: dict[str, GroupState],
                   gens: dict[str, list[GenEntry]] | None = None, journal: Journal | None = None,
-                  persist: Callable[[], None] | None = None, quarantine: qt.Table | None = None) -> list[str]:
+                  persist: Callable[[], None] | None = None, quarantine: qt.Table | None = None,
+                  seal_parts: bool = False) -> list[str]:
     """Reseal late groups (G10), roll torn re-saves back to their seal (G11, needs ``journal`` and
     ``persist``), quarantine other torn (still open) and corrupt (unverifiable) groups (each a row of
     ``quarantine``, engine/quarantine.py); purge trash.
+
+    ``seal_parts`` (``mount --node-part``, docs/mirror.md): a first save's open group holding
+    committed files is a node's part of a multi-node checkpoint, sealed (as the live daemon seals
+    it when idle) instead of torn; whether the whole checkpoint is complete is decided remotely,
+    from its completion record (mirror protocol M3), never from this node's part.
 
     ``persist`` makes the state recovered so far durable (a compaction) before the first rollback
     is journaled: the replayed in-flight entry may have been dropped, and once another entry follows
@@ -152,6 +158,9 @@ def settle_groups(store: BackingStore, files: dict[str, FileRecord], groups: dic
                 continue
             if g.late:  # only files added after its seal: they are committed, reseal with them (G10)
                 notes.append(_reseal(store, files, g))
+                continue
+            if seal_parts and not g.manifest_blake3 and any(k.startswith(path + "/") for k in files):
+                notes.append(_reseal(store, files, g, "idle: a node's part left open by the crash (recovery)"))
                 continue
             plan = (rollback_plan(store, files, gens or {}, g, reason="re-save torn by the crash")
                     if journal and persist else None)
@@ -193,17 +202,19 @@ def settle_groups(store: BackingStore, files: dict[str, FileRecord], groups: dic
     return notes
 
 
-def _reseal(store: BackingStore, files: dict[str, FileRecord], g: GroupState) -> str:
-    """Seal a late-reopened group over its committed records (what the live reseal would write)."""
+def _reseal(store: BackingStore, files: dict[str, FileRecord], g: GroupState, event: str = "") -> str:
+    """Seal a late-reopened group (or, with ``event``, a node's part) over its committed records
+    (what the live daemon's seal would write)."""
     pre = g.path + "/"
     members = {k[len(pre):]: r for k, r in files.items() if k.startswith(pre)}
     lin = lineage(g.step, None, 0, g.created_at)
-    lin["event"] = "recovery: files added after the seal"
+    lin["event"] = event or "recovery: files added after the seal"
     g.manifest_blake3 = write_seal(store, g.id, build_manifest(g.id, g.path, g.rule, members, lin))
     g.state, g.late, g.sealed_at = SEALED, False, time.time()
     g.files, g.bytes = len(members), sum(r.size for r in members.values())
-    log.warning("group %s resealed by recovery (%d files; files were added after its seal)", g.path, g.files)
-    return f"{g.path}: resealed with the {g.files} committed files (files were added after its seal)"
+    why = event or "files were added after its seal"
+    log.warning("group %s sealed by recovery (%d files; %s)", g.path, g.files, why)
+    return f"{g.path}: sealed with the {g.files} committed files ({why})"
 
 
 def _settle_trashed(store: BackingStore, files: dict[str, FileRecord], groups: dict[str, GroupState]) -> list[str]:
@@ -508,7 +519,7 @@ def _preserve(store: BackingStore, src: str, dst: str) -> None:
         log.warning("could not preserve %s: %s", src, e)
 
 
-def recover(store: BackingStore, journal: Journal | None = None) -> RecoveryReport:
+def recover(store: BackingStore, journal: Journal | None = None, seal_parts: bool = False) -> RecoveryReport:
     journal = journal or Journal(store)
     journal.ensure_layout()
     loaded = load_trusted(journal)
@@ -574,6 +585,6 @@ def recover(store: BackingStore, journal: Journal | None = None) -> RecoveryRepo
         journal.compact(rep.files, rep.aborts, {p: g.to_json() for p, g in rep.groups.items()})
 
     rep.group_notes = settle_groups(store, rep.files, rep.groups, rep.generations, journal, persist,
-                                    rep.quarantine)
+                                    rep.quarantine, seal_parts=seal_parts)
     persist()
     return rep

@@ -185,8 +185,8 @@ def test_a_flipped_byte_in_the_store_fails_verify_and_restore_naming_the_object(
 def test_two_publishers_racing_on_one_group_write_exactly_one_commit(s3: SeaweedS3, bucket: str) -> None:
     """M2: eight publishers (two per node) race on one complete group: one COMMIT, one winner."""
     from ckptfs.mirror import protocol as P
+    from ckptfs.mirror.publish import publish
     from ckptfs.mirror.remote import Location, Remote, crc, crc_b64
-    from ckptfs.mirror.uploader import publish
 
     remote = Remote(Location(bucket, "race"), s3.client())
     for node in ("a", "b"):
@@ -367,6 +367,8 @@ def test_a_daemon_killed_during_an_upload_resumes_and_commits_after_remount(tmp_
         wait_state(d / "step_5", timeout=90)
         root = json.loads(os.getxattr(d, "user.ckptfs.mirror"))
     assert root["parts_resent"] == 0, root
+    if point in ("mirror_completed", "mirror_part_put", "mirror_manifest_put", "mirror_commit_put"):
+        assert root["parts_uploaded"] == 0 and root["bytes_uploaded"] < MiB, root  # every object was up already
     assert s3.client().list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
     r = cli("verify", url, "--read-data", env=s3.env())
     assert r.returncode == 0, r.stdout + r.stderr
@@ -428,6 +430,27 @@ def test_a_node_part_alone_never_publishes_a_commit(tmp_path: Path, s3: SeaweedS
     ks = keys(s3, bucket)
     assert "job/step_3/__1_0.distcp" in ks and "job/step_3/.ckptfs/parts/n1.json" in ks
     assert not [k for k in ks if k.endswith("COMMIT") or k.endswith("MANIFEST")], ks
+
+
+def test_a_node_part_left_open_by_a_daemon_crash_is_sealed_at_recovery_and_uploaded(tmp_path: Path, s3: SeaweedS3,
+                                                                                     bucket: str) -> None:
+    """--node-part: rank 1's shard is committed, its group not yet idle-sealed, and the daemon is
+    killed.  Recovery seals the part (without --node-part it would be torn and quarantined, and the
+    multi-node checkpoint could never complete remotely); it is then uploaded."""
+    d = tmp_path / "node1"
+    (d / "step_4").mkdir(parents=True)
+    url = f"s3://{bucket}/job"
+    args = ("--mirror-node", "n1", "--node-part", "--idle-seal", "60")
+    m = mirror_mount(d, s3, url, *args).start()
+    data = os.urandom(MiB)
+    (d / "step_4" / "__1_0.distcp").write_bytes(data)
+    assert os.getxattr(d / "step_4", "user.ckptfs.status") == b"open"
+    m.kill()
+    with mirror_mount(d, s3, url, *args):
+        assert os.getxattr(d / "step_4", "user.ckptfs.status") == b"sealed"
+        wait_state(d / "step_4", "waiting for other nodes", timeout=30)
+        assert (d / "step_4" / "__1_0.distcp").read_bytes() == data
+    assert "job/step_4/__1_0.distcp" in keys(s3, bucket)
 
 
 # ------------------------------------------------------------------ errors

@@ -171,7 +171,7 @@ def run_foreground(a: argparse.Namespace, d: str, backing: str) -> int:
         rules = load_rules(store, a)
         try:
             fs = CkptFS(store, commit_mode=a.commit, check_formats=not a.no_format_check,
-                        backing_label=backing, rules=rules, **_integrity_kwargs(a))
+                        backing_label=backing, rules=rules, seal_parts=a.node_part, **_integrity_kwargs(a))
         except CorruptMetadata as e:
             raise CliError(f"{backing}: {e}; run 'ckptfs recover --rebuild {backing}'", 1) from None
         log.info("ckptfs %s serving %s (backing %s, commit=%s)", __version__, d, backing, a.commit)

@@ -19,7 +19,7 @@ def cmd_status(a: argparse.Namespace) -> int:
     if is_ckptfs_mount(d):
         attrs = json.loads(os.getxattr(d, X_ATTRS))  # status attributes are never listed
         out = {k.removeprefix(PREFIX): v for k, v in attrs.items()}
-        for k in ("stats", "aborts", "corrupt", "metadata", "scrub", "quarantine", "gc_report"):
+        for k in ("stats", "aborts", "corrupt", "metadata", "scrub", "quarantine", "gc_report", "mirror"):
             if k in out:
                 out[k] = json.loads(out[k])
         out["mounted"] = True
@@ -50,7 +50,7 @@ WATCH_KEYS = (("commits", "commits"), ("bytes_committed", "bytes"), ("aborts", "
 def watch_line(d: str) -> str:
     """One line of ``ckptfs status --watch``: the counters the metrics endpoint serves (metrics.py),
     read from the status xattrs, so it works without ``--metrics``."""
-    from ckptfs.xattrs import X_GROUPS, X_SCRUB, X_STATS
+    from ckptfs.xattrs import X_GROUPS, X_MIRROR, X_SCRUB, X_STATS
 
     st = json.loads(os.getxattr(d, X_STATS))
     groups = json.loads(os.getxattr(d, X_GROUPS))
@@ -64,6 +64,14 @@ def watch_line(d: str) -> str:
         parts.append(f"scrub {100 * scrub.get('bytes_done', 0) / scrub['bytes_total']:.0f}%")
     else:
         parts.append(f"scrub {scrub.get('state', 'idle')}")
+    try:
+        mirror = json.loads(os.getxattr(d, X_MIRROR))
+    except OSError:
+        mirror = None  # not mirrored
+    if mirror is not None:
+        parts.append(f"mirror queue {mirror['queue']} pinned {mirror['pinned_groups']}"
+                     + (" ALERT" if mirror.get("alert") else "")
+                     + (f" error: {mirror['last_error'][:60]}" if mirror.get("last_error") else ""))
     return time.strftime("%H:%M:%S ") + "  ".join(parts)
 
 
