@@ -158,6 +158,33 @@ def test_a_sealed_group_is_committed_remotely_last_and_restores_bit_identical(tm
     assert r.returncode == 0 and "ok      step_100" in r.stdout, r.stdout + r.stderr
 
 
+def test_restore_into_a_mounted_directory_goes_through_the_mount_and_seals(tmp_path: Path, s3: SeaweedS3,
+                                                                         bucket: str) -> None:
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    dst.mkdir()
+    url = f"s3://{bucket}/m"
+    with mirror_mount(src, s3, url):
+        g = src / "runs" / "a" / "checkpoint-3"
+        g.mkdir(parents=True)
+        body = os.urandom(3 * MiB)
+        header = json.dumps({"w": {"dtype": "U8", "shape": [len(body)], "data_offsets": [0, len(body)]}}).encode()
+        files = {"model.safetensors": len(header).to_bytes(8, "little") + header + body, "trainer_state.json": b"{}"}
+        for name, data in files.items():  # HF's order: trainer_state.json (the marker) last
+            (g / name).write_bytes(data)
+        wait_state(src / "runs" / "a" / "checkpoint-3")
+    with Mount(dst) as m:
+        r = cli("restore", url, str(dst), "--group", "checkpoint-3", "--json", env=s3.env())
+        assert r.returncode == 0, r.stderr
+        g = dst / "runs" / "a" / "checkpoint-3"
+        assert os.getxattr(g, "user.ckptfs.status") == b"sealed"
+        for name, data in files.items():
+            assert (g / name).read_bytes() == data
+        assert m.stats()["commits"] >= len(files)  # written through the mount's commit path
+    r = cli("restore", url, str(dst), "--group", "checkpoint-3", env=s3.env())
+    assert r.returncode == 1 and "exists" in r.stderr, r.stderr  # never over an existing copy unasked
+
+
 def test_a_flipped_byte_in_the_store_fails_verify_and_restore_naming_the_object(tmp_path: Path, s3: SeaweedS3,
                                                                              bucket: str) -> None:
     d = tmp_path / "ckpts"
@@ -329,6 +356,32 @@ def test_a_latest_pointer_waits_for_the_group_before_it_and_corrupt_bytes_are_ne
         assert "ds/global_step10/.ckptfs/COMMIT" not in ks and "ds/global_step10/mp_rank_00_model_states.pt" not in ks
         body = s3.client().get_object(Bucket=bucket, Key="ds/latest")["Body"].read()
         assert body == b"global_step9"  # the new latest waits behind the group it names
+
+
+def test_groups_sealed_while_the_store_is_down_upload_after_an_unmount_and_remount(tmp_path: Path) -> None:
+    """rclone #7309's trap: unmounting before the write-back loses nothing here.  The store is down,
+    a group is sealed, the mount goes away; at the next mount (store back) the group is uploaded
+    from its journal and the backlog scan."""
+    server = SeaweedS3().start()
+    try:
+        server.make_bucket("backlog")
+        d = tmp_path / "ckpts"
+        d.mkdir()
+        server.kill()
+        with mirror_mount(d, server, "s3://backlog/run"):  # mounts although the store is unreachable
+            files = write_group(d / "step_9", {"model.pt": os.urandom(10 * MiB)})
+            time.sleep(1)
+            assert mstate(d / "step_9").startswith(("failed:", "pending", "uploading")), mstate(d / "step_9")
+        server.start()
+        with mirror_mount(d, server, "s3://backlog/run"):
+            wait_state(d / "step_9", timeout=60)
+        out = tmp_path / "out"
+        out.mkdir()
+        assert cli("restore", "s3://backlog/run", str(out), env=server.env()).returncode == 0
+        for name, data in files.items():
+            assert (out / "step_9" / name).read_bytes() == data
+    finally:
+        server.stop()
 
 
 def test_remote_retention_keeps_the_newest_k_and_deletes_commit_first(tmp_path: Path, s3: SeaweedS3,
