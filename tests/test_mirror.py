@@ -506,6 +506,30 @@ def test_a_node_part_left_open_by_a_daemon_crash_is_sealed_at_recovery_and_uploa
     assert "job/step_4/__1_0.distcp" in keys(s3, bucket)
 
 
+def test_a_part_that_can_never_complete_is_abandoned_once_a_newer_group_is_committed(tmp_path: Path, s3: SeaweedS3,
+                                                                                    bucket: str) -> None:
+    """--node-part, --keep-last 1: step_1 holds only rank 1's shard (its job died), step_2 is a
+    whole DCP save.  Once step_2 is committed remotely, step_1 is no longer pinned: retention
+    removes it and the uploader stops waiting for it."""
+    d = tmp_path / "node"
+    (d / "step_1").mkdir(parents=True)
+    url = f"s3://{bucket}/job"
+    with mirror_mount(d, s3, url, "--mirror-node", "n0", "--node-part", "--idle-seal", "1", "--keep-last", "1"):
+        (d / "step_1" / "__1_0.distcp").write_bytes(os.urandom(MiB))
+        wait_state(d / "step_1", "waiting for other nodes", timeout=30)
+        code = ("import torch, torch.distributed.checkpoint as dcp; "
+                f"dcp.save({{'w': torch.arange(1000.0)}}, checkpoint_id={str(d / 'step_2')!r})")
+        subprocess.run([sys.executable, "-c", code], check=True, env=child_env(), timeout=120, capture_output=True)
+        wait_state(d / "step_2", timeout=30)
+        deadline = time.monotonic() + 20
+        while (d / "step_1").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not (d / "step_1").exists()
+        assert json.loads(os.getxattr(d, "user.ckptfs.mirror"))["pinned_groups"] == 0
+    ks = keys(s3, bucket)
+    assert "job/step_2/.ckptfs/COMMIT" in ks and "job/step_1/.ckptfs/COMMIT" not in ks
+
+
 # ------------------------------------------------------------------ errors
 def test_bad_mirror_options_and_restores_get_one_line_errors(tmp_path: Path, s3: SeaweedS3, bucket: str) -> None:
     d = tmp_path / "m"

@@ -281,12 +281,23 @@ class Mirror:
 
     # ------------------------------------------------------------ retention (M4)
     def may_retire(self, g: Any) -> bool:
-        return self.confirmed.get(g.path) == g.manifest_blake3 and bool(g.manifest_blake3)
+        """M4: its remote COMMIT was confirmed.  With ``--node-part`` also a part superseded by a
+        newer sibling committed remotely: a step no node completed (a rank died) never commits, and
+        pinning it would keep every failed step forever."""
+        if self.confirmed.get(g.path) == g.manifest_blake3 and bool(g.manifest_blake3):
+            return True
+        return self.node_part and self._newer_committed(g)
+
+    def _newer_committed(self, g: Any) -> bool:
+        d = parent(g.path)
+        with self.fs.lock:
+            sibs = [s for s in self.fs.groups.values() if s is not g and s.state == SEALED and parent(s.path) == d]
+        return any(s.order > g.order and self.confirmed.get(s.path) == s.manifest_blake3 for s in sibs)
 
     def pinned(self) -> list[tuple[str, int]]:
         with self.fs.lock:
-            return [(g.path, g.bytes) for g in self.fs.groups.values()
-                    if g.state == SEALED and self.confirmed.get(g.path) != g.manifest_blake3]
+            return [(g.path, g.bytes) for g in list(self.fs.groups.values())
+                    if g.state == SEALED and not self.may_retire(g)]
 
     def attrs(self, path: str) -> dict[str, str]:
         """``user.ckptfs.mirror``: the root's summary (JSON), a group's upload state."""
@@ -379,6 +390,10 @@ class Mirror:
         if found is None:
             return
         g, _, digest = found
+        if self._newer_committed(g):  # the job went on: this step will never be completed by another node
+            self.state[t.path] = "abandoned: incomplete on the other nodes, a newer group is committed"
+            log.info("mirror: %s: %s", t.path, self.state[t.path])
+            return
         st = UploadState.load(self.store, t.path, digest)
         if self._publish(t.path, st):
             self._confirmed(t.path, digest, g)
