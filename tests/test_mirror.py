@@ -207,6 +207,25 @@ def test_a_flipped_byte_in_the_store_fails_verify_and_restore_naming_the_object(
     assert not [p for p in (d / ".ckptfs").iterdir() if p.name.startswith("restore-")]
     r = cli("verify", str(d))
     assert r.returncode == 0, r.stdout + r.stderr
+    # into new directories (streamed: downloads and installs overlap): the corrupt file is never
+    # committed and whatever was installed before it (model.pt, good again) is removed
+    c.put_object(Bucket=bucket, Key="p/step_7/model.pt", Body=files["model.pt"])
+    opt = bytearray(files["optimizer.pt"])
+    opt[-1] ^= 0x01
+    c.put_object(Bucket=bucket, Key="p/step_7/optimizer.pt", Body=bytes(opt))
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    r = cli("restore", url, str(fresh), env=s3.env())
+    assert r.returncode == 1 and "step_7/optimizer.pt" in r.stderr, r.stderr
+    assert not (fresh / "step_7").exists()
+    r = cli("status", str(fresh))
+    assert json.loads(r.stdout)["committed_files"] == 0, r.stdout
+    mounted = tmp_path / "mounted"
+    mounted.mkdir()
+    with Mount(mounted):
+        r = cli("restore", url, str(mounted), env=s3.env())
+        assert r.returncode == 1 and "step_7/optimizer.pt" in r.stderr, r.stderr
+        assert not (mounted / "step_7").exists()
 
 
 def test_two_publishers_racing_on_one_group_write_exactly_one_commit(s3: SeaweedS3, bucket: str) -> None:

@@ -4,16 +4,17 @@ Restore (docs/mirror.md):
 
 1. pick the newest committed remote group (step, then commit time) or the one named; read its
    COMMIT and MANIFEST and check the MANIFEST's blake3 against the COMMIT (protocol.check_commit);
-2. download every file with parallel ranged GETs into a private staging directory, checking every
-   1 MiB chunk against the MANIFEST as it arrives: a corrupt object fails the restore, naming it,
-   before anything is written to DIR;
-3. install through the normal commit path (a ckptfs mount's, or an in-process filesystem over an
-   unmounted DIR): each file staged, fsynced, renamed; the group sealed last (its completion
-   marker written last, then an explicit seal).  An interrupted restore leaves an unsealed group,
-   which ckptfs quarantines as torn: resume never sees a half-restored checkpoint.
+2. download every file with parallel ranged GETs, checking every 1 MiB chunk against the MANIFEST
+   as it arrives, and install it through the normal commit path (a ckptfs mount's, or an
+   in-process filesystem over an unmounted DIR): written into a staged version, committed at
+   close; completion markers last, then an explicit seal.  Into a new directory both overlap
+   (:func:`stream`); over an existing one (``--replace``) everything is downloaded and verified
+   into a private staging directory first.  A failed restore removes what it installed; an
+   interrupted one leaves an unsealed group, which ckptfs quarantines as torn.
 
-Invariant R-M1: nothing is written under DIR unless every chunk of every file of the group was
-verified against a MANIFEST whose blake3 the COMMIT names.
+Invariants: R-M1 no file is committed under DIR before every chunk of it was verified against a
+MANIFEST whose blake3 the COMMIT names; R-M2 with ``--replace`` nothing under DIR is touched before
+every chunk of every file was.
 """
 
 from __future__ import annotations
@@ -152,92 +153,268 @@ def install_order(files: list[str]) -> list[str]:
     return sorted(files, key=lambda r: (os.path.basename(r) in last, r))
 
 
-def _copy_into(write: Callable[[bytes, int], None], src: str) -> None:
+class Sink:
+    """Where restored files are installed: the normal commit path of a mount (:class:`MountSink`)
+    or of an in-process ckptfs over an unmounted directory (:class:`FsSink`).  A file is committed
+    at :meth:`close` (never before all its bytes were written); :meth:`abort` drops one unclosed;
+    :meth:`undo` removes every file and directory this sink made (a failed restore leaves nothing)."""
+
+    def __init__(self, group: str) -> None:
+        self.group = group
+        self.made: list[str] = []  # group-relative files committed, directories made (in order)
+
+    def mkdirs(self, rel_dir: str) -> None: ...
+    def open(self, rel: str) -> Any: ...
+    def write(self, h: Any, data: bytes, off: int) -> None: ...
+    def close(self, h: Any) -> None: ...
+    def abort(self, h: Any) -> None: ...
+    def seal(self) -> None: ...
+    def undo(self) -> None: ...
+    def finish(self) -> None: ...
+
+
+class MountSink(Sink):
+    """Through a ckptfs mount: plain writes (each close commits), then ``user.ckptfs.seal``."""
+
+    def __init__(self, group: str, dest_dir: str) -> None:
+        super().__init__(group)
+        self.root = os.path.join(dest_dir, group)
+        self.dirs: list[str] = []
+        d = self.root
+        while not os.path.lexists(d):
+            self.dirs.insert(0, d)
+            d = os.path.dirname(d)
+        for d in self.dirs:
+            os.mkdir(d)
+
+    def mkdirs(self, rel_dir: str) -> None:
+        d = os.path.join(self.root, rel_dir)
+        if not os.path.isdir(d):
+            os.makedirs(d)
+            self.dirs.append(d)
+
+    def open(self, rel: str) -> Any:
+        self.mkdirs(os.path.dirname(rel))
+        return os.open(os.path.join(self.root, rel), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), rel
+
+    def write(self, h: Any, data: bytes, off: int) -> None:
+        os.pwrite(h[0], data, off)
+
+    def close(self, h: Any) -> None:
+        os.close(h[0])
+        self.made.append(h[1])
+
+    def abort(self, h: Any) -> None:
+        try:
+            os.unlink(os.path.join(self.root, h[1]))  # unlinked while open: its version is never committed
+        finally:
+            os.close(h[0])
+
+    def seal(self) -> None:
+        os.setxattr(self.root, "user.ckptfs.seal", b"1")
+
+    def undo(self) -> None:
+        for rel in reversed(self.made):
+            try:
+                os.unlink(os.path.join(self.root, rel))
+            except OSError:
+                pass
+        for d in reversed(self.dirs):
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass
+
+    def finish(self) -> None:
+        pass
+
+
+class FsSink(Sink):
+    """Through an in-process ckptfs over an unmounted directory: the same commit path as a mount."""
+
+    def __init__(self, group: str, dest_dir: str) -> None:
+        from ckptfs.backing import OsBackingStore
+        from ckptfs.fs import CkptFS
+
+        super().__init__(group)
+        self.store = OsBackingStore(dest_dir)
+        self.fs = CkptFS(self.store, housekeeping_interval=0, backing_label=dest_dir)
+        self.dirs: list[str] = []
+        parts = group.split("/")
+        for i in range(1, len(parts) + 1):
+            self._mkdir("/".join(parts[:i]))
+
+    def _mkdir(self, d: str) -> None:
+        if not self.store.exists(d):
+            self.fs.mkdir(d, 0o755)
+            self.dirs.append(d)
+
+    def mkdirs(self, rel_dir: str) -> None:
+        sub = rel_dir.split("/") if rel_dir else []
+        for i in range(1, len(sub) + 1):
+            self._mkdir(f"{self.group}/{'/'.join(sub[:i])}")
+
+    def open(self, rel: str) -> Any:
+        self.mkdirs(os.path.dirname(rel))
+        return self.fs.create(f"{self.group}/{rel}", 0o644, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), rel
+
+    def write(self, h: Any, data: bytes, off: int) -> None:
+        self.fs.write(h[0], data, off)
+
+    def close(self, h: Any) -> None:
+        try:
+            self.fs.flush(h[0])
+        finally:
+            self.fs.release(h[0])
+        self.made.append(h[1])
+
+    def abort(self, h: Any) -> None:
+        self.fs.abandon(h[0])  # released, its version never committed
+
+    def seal(self) -> None:
+        self.fs.seal(self.group)
+        g = self.fs.groups.get(self.group)
+        if g is None or g.state != "sealed":
+            raise RestoreError(f"{self.group}: restored but could not be sealed")
+
+    def undo(self) -> None:
+        for rel in reversed(self.made):
+            try:
+                self.fs.unlink(f"{self.group}/{rel}")
+            except OSError:
+                pass
+        for d in reversed(self.dirs):
+            try:
+                self.fs.rmdir(d)
+            except OSError:
+                pass
+
+    def finish(self) -> None:
+        self.fs.shutdown()
+        self.store.shutdown()
+
+
+def _copy_into(sink: Sink, h: Any, src: str) -> None:
     with open(src, "rb") as f:
         off = 0
         while True:
             buf = f.read(8 << 20)
             if not buf:
                 return
-            write(buf, off)
+            sink.write(h, buf, off)
             off += len(buf)
 
 
-def install_mounted(staging: str, g: RemoteGroup, dest_dir: str) -> None:
-    """Through a ckptfs mount: plain writes (each close commits), then ``user.ckptfs.seal``."""
-    target = os.path.join(dest_dir, g.path)
+def install_staged(staging: str, g: RemoteGroup, sink: Sink) -> None:
+    """Every file (verified in ``staging``) through ``sink``, markers last, then the seal."""
     for rel in install_order(list(g.files)):
-        dst = os.path.join(target, rel)
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
-        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        h = sink.open(rel)
         try:
-            _copy_into(lambda b, off, fd=fd: os.pwrite(fd, b, off), os.path.join(staging, rel))
-        finally:
-            os.close(fd)
-    os.setxattr(target, "user.ckptfs.seal", b"1")
+            _copy_into(sink, h, os.path.join(staging, rel))
+        except BaseException:
+            sink.abort(h)
+            raise
+        sink.close(h)
+    sink.seal()
 
 
-def install_unmounted(staging: str, g: RemoteGroup, dest_dir: str) -> None:
-    """Through an in-process ckptfs over an unmounted directory: the same commit path as a mount."""
-    from ckptfs.backing import OsBackingStore
-    from ckptfs.fs import CkptFS
+def stream(remote: Remote, g: RemoteGroup, sink: Sink, threads: int = 8,
+           progress: Callable[[int], None] | None = None) -> None:
+    """Download and install at once: ranged GETs on ``threads`` connections (at most 2 x threads
+    ranges ahead), every range's chunks verified as it arrives, written in order through ``sink``;
+    a file is closed (committed) only after all its ranges verified.  Any failure: the file being
+    written is dropped and :meth:`Sink.undo` removes what was installed."""
+    jobs = [(rel, off, min(off + RANGE, int(g.files[rel]["size"])))
+            for rel in install_order(list(g.files)) for off in range(0, max(int(g.files[rel]["size"]), 1), RANGE)]
 
-    store = OsBackingStore(dest_dir)
-    fs = CkptFS(store, housekeeping_interval=0, backing_label=dest_dir)
+    def get(rel: str, start: int, end: int) -> bytes:
+        what = f"{g.path}/{rel}"
+        if end <= start:
+            return b""
+        try:
+            data = remote.get(P.data_key(g.path, rel), start, end)
+        except FileNotFoundError:
+            raise RestoreError(f"{what}: object missing from the store") from None
+        if len(data) != end - start:
+            raise RestoreError(f"{what}: the store returned {len(data)} bytes at {start}, expected {end - start}")
+        _check_chunks(data, g.files[rel], start, what)
+        return data
+
+    h: Any = None
     try:
-        parts = g.path.split("/")
-        for i in range(1, len(parts) + 1):
-            d = "/".join(parts[:i])
-            if not store.exists(d):
-                fs.mkdir(d, 0o755)
-        for rel in install_order(list(g.files)):
-            path = f"{g.path}/{rel}"
-            sub = path.split("/")
-            for i in range(len(parts) + 1, len(sub)):
-                d = "/".join(sub[:i])
-                if not store.exists(d):
-                    fs.mkdir(d, 0o755)
-            fh = fs.create(path, 0o644, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        with cf.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ckptfs-restore") as pool:
+            window: list[tuple[tuple[str, int, int], cf.Future[bytes]]] = []
+            nxt = 0
             try:
-                _copy_into(lambda b, off, fh=fh: fs.write(fh, b, off), os.path.join(staging, rel))
-                fs.flush(fh)
+                for i in range(len(jobs)):
+                    while nxt < len(jobs) and nxt < i + 2 * threads:
+                        window.append((jobs[nxt], pool.submit(get, *jobs[nxt])))
+                        nxt += 1
+                    (rel, start, end), fut = window.pop(0)
+                    data = fut.result()
+                    if start == 0:
+                        h = sink.open(rel)
+                    sink.write(h, data, start)
+                    if progress:
+                        progress(len(data))
+                    if end >= int(g.files[rel]["size"]):
+                        sink.close(h)
+                        h = None
             finally:
-                fs.release(fh)
-        fs.seal(g.path)
-        if fs.groups.get(g.path) is None or fs.groups[g.path].state != "sealed":
-            raise RestoreError(f"{g.path}: restored but could not be sealed")
-    finally:
-        fs.shutdown()
-        store.shutdown()
+                for _, fut in window:
+                    fut.cancel()
+        sink.seal()
+    except BaseException:
+        if h is not None:
+            sink.abort(h)
+        sink.undo()
+        raise
 
 
 def restore(remote: Remote, dest_dir: str, name: str | None = None, threads: int = 8, mounted: bool = False,
             replace: bool = False, progress_factory: Callable[[int], Any] | None = None,
             staging_root: str | None = None) -> dict[str, Any]:
-    """Restore one committed group into ``dest_dir`` (see module docstring); returns a summary."""
+    """Restore one committed group into ``dest_dir`` (see module docstring); returns a summary.
+
+    A new directory is restored by :func:`stream`.  Over an existing one (``replace``) every byte is
+    downloaded and verified into a private staging directory first (:func:`download`), so a
+    corrupt object never touches the copy it would replace."""
     import time
 
     t0 = time.monotonic()
     g = load_manifest(remote, pick(committed_groups(remote), name))
     target = os.path.join(dest_dir, g.path)
-    if os.path.lexists(target) and not replace:
+    exists = os.path.lexists(target)
+    if exists and not replace:
         raise RestoreError(f"{target} exists: restore into another directory, or pass --replace")
-    root = staging_root or (os.path.join(dest_dir, ".ckptfs") if not mounted else None)
-    if root:
-        os.makedirs(root, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix="restore-", dir=root)
     bar = progress_factory(g.bytes) if progress_factory else None
+    staging = ""
+    t_dl = 0.0
     try:
-        download(remote, g, staging, threads, progress=bar)
-        t_dl = time.monotonic() - t0
-        (install_mounted if mounted else install_unmounted)(staging, g, dest_dir)
+        if exists:
+            root = staging_root or (os.path.join(dest_dir, ".ckptfs") if not mounted else None)
+            if root:
+                os.makedirs(root, exist_ok=True)
+            staging = tempfile.mkdtemp(prefix="restore-", dir=root)
+            download(remote, g, staging, threads, progress=bar)
+            t_dl = time.monotonic() - t0
+        sink: Sink = MountSink(g.path, dest_dir) if mounted else FsSink(g.path, dest_dir)
+        try:
+            if exists:
+                install_staged(staging, g, sink)
+            else:
+                stream(remote, g, sink, threads, progress=bar)
+        finally:
+            sink.finish()
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging:
+            shutil.rmtree(staging, ignore_errors=True)
         if bar is not None:
             bar.finish()
     dt = time.monotonic() - t0
     return {"group": g.path, "files": len(g.files), "bytes": g.bytes, "step": g.commit.get("step"),
-            "seconds": round(dt, 3), "download_seconds": round(t_dl, 3), "into": target}
+            "seconds": round(dt, 3), "download_seconds": round(t_dl, 3), "into": target,
+            "mode": "staged" if exists else "streamed"}
 
 
 def verify(remote: Remote, name: str | None = None, read_data: bool = False, threads: int = 8,
