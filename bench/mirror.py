@@ -4,13 +4,18 @@
 
 Measures, in this order (ratios within the run; the store slows as it fills):
 
-* raw PUT: 8 threads of 16 MiB ``put_object`` (``raw_put_mib_s``), and raw GET of those objects
+* raw PUT: 8 threads of 16 MiB ``put_object`` (``raw_put_mib_s``; again right before each
+  mirrored upload, whose ratio uses that one), and raw GET of those objects
   with 8 threads (``raw_get_mib_s``);
 * W2 (one file of ``--gib`` GiB) and W3 (64 shards of 16 MiB) saved through a mount without and
-  with ``--mirror``: local save time (close of the last file, marker included) of each, and with
-  the mirror the seal-to-remote-COMMIT time (``user.ckptfs.mirror`` turns ``committed``), the
+  with ``--mirror`` (in alternating order): local save time (close of the last file, marker
+  included) of each, alone and while the previous save uploads (two more saves back to back), and
+  with the mirror the seal-to-remote-COMMIT time (``user.ckptfs.mirror`` turns ``committed``), the
   mirror's upload throughput (bytes / (commit time - seal time)), and its ratio to raw PUT;
-* restore of each group into a fresh directory (``ckptfs restore``) against raw GET.
+* the local disk's durable sequential write rate (dd + fdatasync): a restore writes durably, so its
+  bound is min(raw GET, disk);
+* restore of each group into a fresh directory (``ckptfs restore``: streamed) and again over that
+  copy (``--replace``: everything downloaded and verified first), against raw GET.
 
 Targets (issue 14): upload >= 80 % of raw PUT; seal-to-COMMIT p50 <= 1.25 x bytes/raw + 1 s;
 mirroring adds <= 5 % to local save time; restore >= 70 % of raw GET.  Results:
@@ -29,6 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.workloads import raw_disk
 from ckptfs_testing.mount import Mount, child_env
 from ckptfs_testing.s3server import SeaweedS3
 
@@ -90,11 +96,17 @@ def run(gib: float, reps: int) -> dict:
         bucket = s3.make_bucket("bench")
         put, get = raw(s3, bucket, int(gib * (1 << 30)))
         out["raw_put_mib_s"], out["raw_get_mib_s"] = round(put, 1), round(get, 1)
+        # a restore writes durably to the local disk: its bound is the slower of GET and this
+        disk = raw_disk(Path(tmp), int(gib * 1024)).get("dd_fdatasync_MBps", 0.0) * 1e6 / MiB
+        out["disk_durable_write_mib_s"] = round(disk, 1)
+        bound = min(get, disk) if disk else get
         for w, files in workloads.items():
             nbytes = sum(s for _, s in files)
             for rep in range(reps):
                 res: dict = {}
-                for mode in ("local", "mirror"):
+                rp, _ = raw(s3, bucket, nbytes)  # the store slows as it fills: raw PUT again, right before
+                res["raw_put_mib_s"] = rp
+                for mode in (("local", "mirror") if rep % 2 == 0 else ("mirror", "local")):  # interleaved
                     d = Path(tmp) / f"{w}-{rep}-{mode}"
                     d.mkdir()
                     extra = ["--mirror", f"s3://bench/{w}-{rep}"] if mode == "mirror" else []
@@ -104,22 +116,36 @@ def run(gib: float, reps: int) -> dict:
                         if mode == "mirror":
                             t_commit = wait_committed(d / "step_1")
                             res["seal_to_commit_s"] = t_commit - (t0 + res["mirror_save_s"])
+                        # the next two saves back to back: the second one runs while the first uploads
+                        save(d / "step_2", files, buf)
+                        res[f"{mode}_save_during_upload_s"] = save(d / "step_3", files, buf)
+                        if mode == "mirror":
+                            wait_committed(d / "step_3")
                             res["upload_mib_s"] = nbytes / MiB / res["seal_to_commit_s"]
-                            res["upload_vs_raw_put"] = res["upload_mib_s"] / put
-                            res["target_commit_s"] = 1.25 * nbytes / MiB / put + 1
+                            res["upload_vs_raw_put"] = res["upload_mib_s"] / rp
+                            res["target_commit_s"] = 1.25 * nbytes / MiB / rp + 1
                     dest = Path(tmp) / f"{w}-{rep}-restore"
+                    dest_rm = str(dest)
                     if mode == "mirror":
                         dest.mkdir()
                         r = subprocess.run([sys.executable, "-m", "ckptfs", "restore", f"s3://bench/{w}-{rep}",
                                             str(dest), "--json"], capture_output=True, text=True,
                                            env=child_env(s3.env()), timeout=900)
                         rep_ = json.loads(r.stdout)
-                        res["restore_mib_s"] = nbytes / MiB / rep_["seconds"]
-                        res["restore_download_mib_s"] = nbytes / MiB / rep_["download_seconds"]
+                        res["restore_mib_s"] = nbytes / MiB / rep_["seconds"]  # streamed (a new directory)
                         res["restore_vs_raw_get"] = res["restore_mib_s"] / get
-                        res["restore_download_vs_raw_get"] = res["restore_download_mib_s"] / get
-                    subprocess.run(["rm", "-rf", str(d), str(dest)], check=False)
+                        res["restore_vs_bound"] = res["restore_mib_s"] / bound
+                        r = subprocess.run([sys.executable, "-m", "ckptfs", "restore", f"s3://bench/{w}-{rep}",
+                                            str(dest), "--replace", "--json"], capture_output=True, text=True,
+                                           env=child_env(s3.env()), timeout=900)
+                        rep_ = json.loads(r.stdout)  # over the copy: download and verify first, then install
+                        res["restore_replace_mib_s"] = nbytes / MiB / rep_["seconds"]
+                        res["restore_replace_vs_raw_get"] = res["restore_replace_mib_s"] / get
+                        res["restore_replace_vs_bound"] = res["restore_replace_mib_s"] / bound
+                    subprocess.run(["rm", "-rf", str(d), dest_rm], check=False)
                 res["save_overhead"] = res["mirror_save_s"] / res["local_save_s"] - 1
+                res["save_during_upload_overhead"] = (res["mirror_save_during_upload_s"]
+                                                      / res["local_save_during_upload_s"] - 1)
                 out.setdefault(w, []).append({k: round(v, 3) for k, v in res.items()})
                 print(w, rep, json.dumps(out[w][-1]), flush=True)
     return out

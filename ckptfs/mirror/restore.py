@@ -232,13 +232,15 @@ class MountSink(Sink):
 class FsSink(Sink):
     """Through an in-process ckptfs over an unmounted directory: the same commit path as a mount."""
 
-    def __init__(self, group: str, dest_dir: str) -> None:
+    def __init__(self, group: str, dest_dir: str, commit_mode: str = "async") -> None:
         from ckptfs.backing import OsBackingStore
         from ckptfs.fs import CkptFS
 
         super().__init__(group)
         self.store = OsBackingStore(dest_dir)
-        self.fs = CkptFS(self.store, housekeeping_interval=0, backing_label=dest_dir)
+        # async: a file's durable install (fsync, rename, directory fsync) overlaps the next file's
+        # download; the seal waits for every install (G5), so nothing is sealed before it is durable
+        self.fs = CkptFS(self.store, housekeeping_interval=0, backing_label=dest_dir, commit_mode=commit_mode)
         self.dirs: list[str] = []
         parts = group.split("/")
         for i in range(1, len(parts) + 1):
