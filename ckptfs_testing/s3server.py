@@ -67,13 +67,14 @@ class SeaweedS3:
     """One SeaweedFS server (master, volume, filer, S3 gateway in one process)."""
 
     def __init__(self, data_dir: Path | None = None, access_key: str = "ckptfs", secret_key: str = "ckptfs-secret",
-                 region: str = "us-east-1") -> None:
+                 region: str = "us-east-1", nice: int = 0) -> None:
         self._own_dir = data_dir is None
         self.dir = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="ckptfs-s3-"))
         self.access_key, self.secret_key, self.region = access_key, secret_key, region
         self.master, self.volume, self.filer, self.s3 = free_ports(4)
         self.proc: subprocess.Popen[bytes] | None = None
         self._log = None
+        self.nice = nice  # the bench runs the store at nice 19: a remote store costs the training machine nothing
 
     @property
     def endpoint(self) -> str:
@@ -105,7 +106,8 @@ class SeaweedS3:
         (self.dir / "data").mkdir(parents=True, exist_ok=True)
         self._log = open(self.dir / "weed.log", "ab")
         self.proc = subprocess.Popen(
-            [weed_binary(), "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={self.dir / 'data'}",
+            [*(["nice", "-n", str(self.nice)] if self.nice else []),
+             weed_binary(), "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={self.dir / 'data'}",
              f"-master.port={self.master}", f"-volume.port={self.volume}", f"-filer.port={self.filer}",
              "-s3", f"-s3.port={self.s3}", "-s3.port.iceberg=0", "-s3.port.lance=0",
              # small volumes, many slots: every bucket is a collection that grows its own volumes, and
