@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import blake3
 
 from ckptfs import crashpoints, events
-from ckptfs.engine.seals import SEALED, SealError, read_seal
+from ckptfs.engine.seals import OPEN, SEALED, SealError, read_seal
 from ckptfs.layout import is_meta, parent
 from ckptfs.mirror import protocol as P
 from ckptfs.mirror.journal import UploadState, forget
@@ -85,6 +85,7 @@ POINTS = (
 
 
 NICE = int(os.environ.get("CKPTFS_MIRROR_NICE", "10"))
+YIELD_S = float(os.environ.get("CKPTFS_MIRROR_YIELD_S", "20"))  # longest pause for a save in progress (0: never)
 
 
 def background_priority() -> None:
@@ -128,6 +129,7 @@ class Counters:
     remote_groups_deleted: int = 0
     failures: int = 0
     files_uploaded: int = 0  # committed files outside groups
+    yield_s: float = 0.0  # seconds the uploader paused for saves in progress
     seal_to_commit_s: list[float] = field(default_factory=list)
 
 
@@ -296,6 +298,21 @@ class Mirror:
             finally:
                 with self._cv:
                     self._busy = ""
+
+    def _yield_to_saves(self) -> None:
+        """Before reading the next part or object: while a save is in progress on this mount (a
+        group open, not merely a directory made for one), wait, up to ``YIELD_S`` seconds in a row:
+        the save gets the disk and CPU, the upload resumes after its seal (bench/mirror.py)."""
+        if YIELD_S <= 0:
+            return
+        t0 = time.monotonic()
+        while not self._stop and time.monotonic() - t0 < YIELD_S:
+            with self.fs.lock:
+                saving = any(g.state == OPEN and not g.tentative for g in self.fs.groups.values())
+            if not saving:
+                break
+            time.sleep(0.05)
+        self.counters.yield_s = round(self.counters.yield_s + time.monotonic() - t0, 3)
 
     # ------------------------------------------------------------ retention (M4)
     def may_retire(self, g: Any) -> bool:
@@ -503,6 +520,7 @@ class Mirror:
                     st.save()
                     return done
             if size <= self.part_size:
+                self._yield_to_saves()
                 data = self._read_verified(fd, rec, 0, size, local)
                 self._slots.acquire()
                 futures.append((rel, self._pool.submit(self._put_whole, key, data)))
@@ -599,6 +617,7 @@ class Mirror:
                 continue
             if n in f["parts"]:
                 self.counters.parts_resent += 1
+            self._yield_to_saves()
             self._slots.acquire()
             try:
                 data = self._read_verified(fd, rec, off, length, key)
