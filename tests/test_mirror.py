@@ -295,6 +295,25 @@ def test_a_store_that_ignores_if_none_match_is_refused_at_mount(tmp_path: Path, 
         assert not os.path.ismount(d)
 
 
+def test_the_store_rejects_a_part_or_object_whose_bytes_do_not_match_the_checksum_sent(s3: SeaweedS3,
+                                                                                      bucket: str) -> None:
+    """What the per-part and whole-object CRC64-NVME buy: a corrupted transfer is refused (BadDigest)."""
+    from ckptfs.mirror.remote import Location, Remote, RemoteError, crc
+
+    remote = Remote(Location(bucket, "crc"), s3.client())
+    part = os.urandom(5 * MiB)
+    with pytest.raises(RemoteError, match="BadDigest"):
+        remote.put("whole", part[:-1] + b"x", checksum=crc(part))
+    uid = remote.create_upload("mp")
+    with pytest.raises(RemoteError, match="BadDigest"):
+        remote.upload_part("mp", uid, 1, part[:-1] + b"x", crc(part))
+    etag = remote.upload_part("mp", uid, 1, part, crc(part))
+    with pytest.raises(RemoteError, match="BadDigest"):
+        remote.complete_upload("mp", uid, {1: etag}, crc(part) ^ 1, {1: crc(part)})
+    remote.complete_upload("mp", uid, {1: etag}, crc(part), {1: crc(part)})
+    assert remote.head("mp")["size"] == 5 * MiB and remote.head("whole") is None
+
+
 # ------------------------------------------------------------------ rotation safety
 def test_store_down_with_keep_last_1_never_deletes_a_group_without_a_remote_commit(tmp_path: Path,
                                                                                   bucket: str) -> None:

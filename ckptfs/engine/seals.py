@@ -123,9 +123,10 @@ def build_commit(gid: str, manifest: bytes) -> bytes:
     return json.dumps(doc, sort_keys=True).encode()
 
 
-def _write_durable(store: BackingStore, name: str, data: bytes) -> None:
+def write_durable(store: BackingStore, name: str, data: bytes, directory: str = GROUPS, mode: int = 0o644) -> None:
+    """``name`` holds ``data`` durably: written to ``name.tmp``, fsynced, renamed, ``directory`` fsynced."""
     tmp = name + ".tmp"
-    fd = store.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = store.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
         off = 0
         while off < len(data):
@@ -134,7 +135,7 @@ def _write_durable(store: BackingStore, name: str, data: bytes) -> None:
     finally:
         store.close(fd)
     store.rename(tmp, name)
-    store.fsync_dir(GROUPS)
+    store.fsync_dir(directory)
 
 
 def write_seal(store: BackingStore, gid: str, manifest: bytes) -> str:
@@ -157,9 +158,9 @@ def write_seal(store: BackingStore, gid: str, manifest: bytes) -> str:
                     store.unlink(prev)
                 store.link(f"{GROUPS}/{gid}{suffix}", prev)
             store.fsync_dir(GROUPS)
-    _write_durable(store, f"{GROUPS}/{gid}.manifest", manifest)
+    write_durable(store, f"{GROUPS}/{gid}.manifest", manifest)
     commit = build_commit(gid, manifest)
-    _write_durable(store, f"{GROUPS}/{gid}.commit", commit)
+    write_durable(store, f"{GROUPS}/{gid}.commit", commit)
     return json.loads(commit)["manifest_blake3"]
 
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import blake3
 
 from ckptfs import META_DIR
+from ckptfs.engine.seals import write_durable
 
 if TYPE_CHECKING:
     from ckptfs.backing import BackingStore
@@ -80,19 +81,7 @@ class UploadState:
         doc = {"group": self.group, "manifest": self.manifest, "part_up": self.part_up, "committed": self.committed,
                "files": {rel: {"upload_id": f.get("upload_id", ""), "parts": {str(n): e for n, e in f["parts"].items()},
                                "done": f.get("done")} for rel, f in self.files.items()}}
-        data = json.dumps(doc, sort_keys=True).encode()
-        name = _name(self.group)
-        tmp = name + ".tmp"
-        fd = store.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            off = 0
-            while off < len(data):
-                off += store.pwrite(fd, data[off:], off)
-            store.fsync(fd)
-        finally:
-            store.close(fd)
-        store.rename(tmp, name)
-        store.fsync_dir(MIRROR_DIR)
+        write_durable(store, _name(self.group), json.dumps(doc, sort_keys=True).encode(), MIRROR_DIR, 0o600)
 
     def file(self, rel: str) -> dict[str, Any]:
         return self.files.setdefault(rel, {"upload_id": "", "parts": {}, "done": None})

@@ -106,6 +106,21 @@ def _check_chunks(data: bytes, f: dict[str, Any], off: int, what: str) -> None:
                                "the object is corrupt in the store")
 
 
+def get_verified(remote: Remote, g: RemoteGroup, rel: str, start: int, end: int) -> bytes:
+    """Bytes ``[start, end)`` of file ``rel`` of ``g``, every chunk checked against the MANIFEST."""
+    what = f"{g.path}/{rel}"
+    if end <= start:
+        return b""
+    try:
+        data = remote.get(P.data_key(g.path, rel), start, end)
+    except FileNotFoundError:
+        raise RestoreError(f"{what}: object missing from the store") from None
+    if len(data) != end - start:
+        raise RestoreError(f"{what}: the store returned {len(data)} bytes at {start}, expected {end - start}")
+    _check_chunks(data, g.files[rel], start, what)
+    return data
+
+
 def download(remote: Remote, g: RemoteGroup, staging: str, threads: int = 8,
              progress: Callable[[int], None] | None = None) -> None:
     """Every file of ``g`` into ``staging`` (same relative names), every chunk verified (R-M1)."""
@@ -121,14 +136,7 @@ def download(remote: Remote, g: RemoteGroup, staging: str, threads: int = 8,
         lock = threading.Lock()
 
         def get(rel: str, start: int, end: int) -> None:
-            what = f"{g.path}/{rel}"
-            try:
-                data = remote.get(P.data_key(g.path, rel), start, end)
-            except FileNotFoundError:
-                raise RestoreError(f"{what}: object missing from the store") from None
-            if len(data) != end - start:
-                raise RestoreError(f"{what}: the store returned {len(data)} bytes at {start}, expected {end - start}")
-            _check_chunks(data, g.files[rel], start, what)
+            data = get_verified(remote, g, rel, start, end)
             os.pwrite(fds[rel], data, start)
             if progress:
                 with lock:
@@ -329,19 +337,6 @@ def stream(remote: Remote, g: RemoteGroup, sink: Sink, threads: int = 8,
     jobs = [(rel, off, min(off + RANGE, int(g.files[rel]["size"])))
             for rel in install_order(list(g.files)) for off in range(0, max(int(g.files[rel]["size"]), 1), RANGE)]
 
-    def get(rel: str, start: int, end: int) -> bytes:
-        what = f"{g.path}/{rel}"
-        if end <= start:
-            return b""
-        try:
-            data = remote.get(P.data_key(g.path, rel), start, end)
-        except FileNotFoundError:
-            raise RestoreError(f"{what}: object missing from the store") from None
-        if len(data) != end - start:
-            raise RestoreError(f"{what}: the store returned {len(data)} bytes at {start}, expected {end - start}")
-        _check_chunks(data, g.files[rel], start, what)
-        return data
-
     h: Any = None
     try:
         with cf.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ckptfs-restore") as pool:
@@ -350,7 +345,7 @@ def stream(remote: Remote, g: RemoteGroup, sink: Sink, threads: int = 8,
             try:
                 for i in range(len(jobs)):
                     while nxt < len(jobs) and nxt < i + 2 * threads:
-                        window.append((jobs[nxt], pool.submit(get, *jobs[nxt])))
+                        window.append((jobs[nxt], pool.submit(get_verified, remote, g, *jobs[nxt])))
                         nxt += 1
                     (rel, start, end), fut = window.pop(0)
                     data = fut.result()
