@@ -344,10 +344,20 @@ def test_store_down_with_keep_last_1_never_deletes_a_group_without_a_remote_comm
             assert mstate(d / "step_2").startswith(("failed:", "pending", "uploading")), mstate(d / "step_2")
             server.start()
             wait_state(d / "step_4", timeout=120)
+            # retention retires step_2 and step_3 one after the other (each a rename and its fsyncs):
+            # watch the directory until both went, checking at every look that a group gone locally
+            # has its remote COMMIT (M4 while the backlog drains, not only before)
             deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and (d / "step_2").exists():
+            while True:
+                left = sorted(p.name for p in d.iterdir() if p.name.startswith("step_"))
+                ks = keys(server, "pinned")
+                for s in (2, 3):
+                    if f"step_{s}" not in left:
+                        assert f"run/step_{s}/.ckptfs/COMMIT" in ks, (s, ks)
+                if left == ["step_4"] or time.monotonic() > deadline:
+                    break
                 time.sleep(0.2)
-            assert sorted(p.name for p in d.iterdir() if p.name.startswith("step_")) == ["step_4"]
+            assert left == ["step_4"]
             root = json.loads(os.getxattr(d, "user.ckptfs.mirror"))
             assert root["pinned_groups"] == 0 and not root["alert"], root
         ks = keys(server, "pinned")
@@ -381,11 +391,21 @@ def test_a_latest_pointer_waits_for_the_group_before_it_and_corrupt_bytes_are_ne
         g.mkdir()
         f = g / "mp_rank_00_model_states.pt"
         f.write_bytes(os.urandom(12 * MiB))
-        with open(b / "global_step10" / f.name, "r+b") as raw:  # bit rot under the mount, before the upload
+        # bit rot under the mount, before the upload: one bit flipped in the backing file, its mtime
+        # kept (a disk does not touch it).  Only after the writer's handle was released: a write to
+        # the backing file before that is taken as the writer's own (passthrough, fs.py _after_bypass)
+        deadline = time.monotonic() + 10
+        while json.loads(os.getxattr(d, "user.ckptfs.stats"))["open_handles"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert json.loads(os.getxattr(d, "user.ckptfs.stats"))["open_handles"] == 0
+        raw_path = b / "global_step10" / f.name
+        before = os.stat(raw_path)
+        with open(raw_path, "r+b") as raw:
             raw.seek(5 * MiB)
             byte = raw.read(1)
             raw.seek(5 * MiB)
             raw.write(bytes([byte[0] ^ 1]))
+        os.utime(raw_path, ns=(before.st_atime_ns, before.st_mtime_ns))
         (d / "latest").write_text("global_step10")
         time.sleep(4)
         st = mstate(g)

@@ -280,6 +280,8 @@ class Mirror:
                     self._recheck(t)
                 else:
                     self._file(t.path)
+                if t.tries and t.kind != "publish":  # failed before, through now: the store is back
+                    self._resume_backoff()
                 self.last_error = ""
             except Exception as e:  # the store is down, a conflict: retry with backoff (M5)
                 self.counters.failures += 1
@@ -293,11 +295,24 @@ class Mirror:
                     self.state[t.path] = f"failed: {why}"
                 t.tries += 1
                 t.not_before = time.monotonic() + min(30.0, 0.5 * 2 ** min(t.tries, 6))
-                with self._cv:
-                    self._tasks.appendleft(t) if t.kind == "group" else self._tasks.append(t)
+                with self._cv:  # back in its place: groups keep seal order (older ones retire first)
+                    self._tasks.append(t)
+                    ordered = sorted(self._tasks, key=lambda o: o.seq)
+                    self._tasks.clear()
+                    self._tasks.extend(ordered)
             finally:
                 with self._cv:
                     self._busy = ""
+
+    def _resume_backoff(self) -> None:
+        """A task that had failed went through: groups and files waiting out a backoff run now
+        (most failed for the same reason, the store down; a publish keeps its own schedule)."""
+        now = time.monotonic()
+        with self._cv:
+            for o in self._tasks:
+                if o.kind != "publish" and o.tries and o.not_before > now:
+                    o.not_before = now
+            self._cv.notify_all()
 
     def _yield_to_saves(self) -> None:
         """Before reading the next part or object: while a save is in progress on this mount (a
