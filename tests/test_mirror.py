@@ -407,7 +407,10 @@ def test_a_latest_pointer_waits_for_the_group_before_it_and_corrupt_bytes_are_ne
             raw.write(bytes([byte[0] ^ 1]))
         os.utime(raw_path, ns=(before.st_atime_ns, before.st_mtime_ns))
         (d / "latest").write_text("global_step10")
-        time.sleep(4)
+        deadline = time.monotonic() + 30
+        while not mstate(g).startswith("failed:") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1)  # (a second more for a wrong upload of latest to show, if there were one)
         st = mstate(g)
         assert st.startswith("failed:") and "does not match its commit record" in st, st
         ks = keys(s3, bucket)
