@@ -17,6 +17,9 @@ Measures, in this order (ratios within the run; the store slows as it fills):
 * restore of each group into a fresh directory (``ckptfs restore``: streamed) and again over that
   copy (``--replace``: everything downloaded and verified first), against raw GET.
 
+``--store-dir /dev/shm`` keeps the store's data off the checkpoint disk (a remote store does not
+share it); ``--only W3`` runs one workload.
+
 Targets (issue 14): upload >= 80 % of raw PUT; seal-to-COMMIT p50 <= 1.25 x bytes/raw + 1 s;
 mirroring adds <= 5 % to local save time; restore >= 70 % of raw GET.  Results:
 docs/results/mirror.md.
@@ -87,13 +90,15 @@ def wait_committed(g: Path, timeout: float = 900) -> float:
     raise TimeoutError(f"{g} not committed remotely in {timeout}s")
 
 
-def run(gib: float, reps: int, store_nice: int = 19) -> dict:
-    out: dict = {"gib": gib, "reps": reps, "store_nice": store_nice,
+def run(gib: float, reps: int, store_nice: int = 19, store_dir: str = "", only: tuple[str, ...] = ()) -> dict:
+    out: dict = {"gib": gib, "reps": reps, "store_nice": store_nice, "store_dir": store_dir or "(a temp dir)",
                  "uploader_nice": int(os.environ.get("CKPTFS_MIRROR_NICE", "10"))}
     buf = os.urandom(64 * MiB)
     workloads = {"W2": [("model.pt", int(gib * (1 << 30)))],
                  "W3": [(f"shard_{i:02d}.pt", 16 * MiB) for i in range(64)]}
-    with (SeaweedS3(nice=store_nice) as s3,
+    workloads = {w: f for w, f in workloads.items() if not only or w in only}
+    store_tmp = tempfile.TemporaryDirectory(prefix="ckptfs-bench-s3-", dir=store_dir) if store_dir else None
+    with (SeaweedS3(data_dir=Path(store_tmp.name) if store_tmp else None, nice=store_nice) as s3,
           tempfile.TemporaryDirectory(prefix="ckptfs-bench-mirror-", dir="/var/tmp") as tmp):
         bucket = s3.make_bucket("bench")
         put, get = raw(s3, bucket, int(gib * (1 << 30)))
@@ -150,6 +155,8 @@ def run(gib: float, reps: int, store_nice: int = 19) -> dict:
                                                       / res["local_save_during_upload_s"] - 1)
                 out.setdefault(w, []).append({k: round(v, 3) for k, v in res.items()})
                 print(w, rep, json.dumps(out[w][-1]), flush=True)
+    if store_tmp is not None:
+        store_tmp.cleanup()
     return out
 
 
@@ -160,9 +167,13 @@ def main() -> None:
     ap.add_argument("--store-nice", type=int, default=19,
                     help="run the S3 server at this nice value (default 19: it stands in for a remote store, "
                          "which costs the training machine no CPU; 0 to compete)")
+    ap.add_argument("--store-dir", default="",
+                    help="keep the store's data under this directory (e.g. /dev/shm: a store that does not share "
+                         "the checkpoint disk, as a remote one does not)")
+    ap.add_argument("--only", nargs="*", default=[], choices=["W2", "W3"], help="run only these workloads")
     ap.add_argument("--out")
     a = ap.parse_args()
-    res = run(a.gib, a.reps, a.store_nice)
+    res = run(a.gib, a.reps, a.store_nice, a.store_dir, tuple(a.only))
     print(json.dumps(res, indent=1))
     if a.out:
         Path(a.out).write_text(json.dumps(res, indent=1))
