@@ -493,6 +493,76 @@ def test_a_daemon_killed_during_an_upload_resumes_and_commits_after_remount(tmp_
         assert (out / "step_5" / name).read_bytes() == data
 
 
+def wait_object(s3: SeaweedS3, bucket: str, key: str, data: bytes, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    got = b""
+    while time.monotonic() < deadline:
+        try:
+            got = s3.client().get_object(Bucket=bucket, Key=key)["Body"].read()
+        except Exception:  # noqa: BLE001 (not there yet)
+            got = b""
+        if got == data:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{key}: {len(got)} bytes in the store after {timeout}s, not the {len(data)} written")
+
+
+def test_a_large_file_outside_groups_goes_up_in_journaled_parts_and_resumes_after_a_kill(tmp_path: Path,
+                                                                                        s3: SeaweedS3,
+                                                                                        bucket: str) -> None:
+    """``torch.save(sd, "ckpts/model.pt")`` at the top: no group, but a file of several parts.  It
+    goes up as a journaled multipart upload: the daemon killed after its first part, the next mount
+    resumes it from the journal (no event announces the file again), the store ends with its bytes
+    and no multipart upload left; a new version then replaces the remote object."""
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    url = f"s3://{bucket}/top"
+    m = mirror_mount(d, s3, url, env={"CKPTFS_CRASH_AT": "mirror_part_journaled"}).start()
+    v1 = os.urandom(20 * MiB)  # 3 parts of 8 MiB
+    (d / "model.pt").write_bytes(v1)
+    assert m.wait_dead(60) is not None, "daemon did not reach mirror_part_journaled"
+    m.detach()
+    assert len(s3.client().list_multipart_uploads(Bucket=bucket).get("Uploads", [])) == 1
+    with mirror_mount(d, s3, url):
+        wait_object(s3, bucket, "top/model.pt", v1)
+        root = json.loads(os.getxattr(d, "user.ckptfs.mirror"))
+        assert root["parts_skipped"] >= 1 and root["parts_resent"] == 0, root  # the store's part kept
+        v2 = os.urandom(20 * MiB)
+        (d / "model.pt").write_bytes(v2)
+        wait_object(s3, bucket, "top/model.pt", v2)
+        root = json.loads(os.getxattr(d, "user.ckptfs.mirror"))
+        # v1's 3 parts skipped (the store had them) or sent, v2's 3 sent; bytes counted once (v1's
+        # first part was journaled, so at most 12 MiB of v1 and v2's 20 MiB went up from this mount)
+        assert root["files_uploaded"] == 2 and root["parts_skipped"] + root["parts_uploaded"] == 6, root
+        assert 20 * MiB <= root["bytes_uploaded"] <= 32 * MiB, root
+    assert s3.client().list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+
+
+def test_a_save_in_a_temporary_directory_goes_up_once_as_its_group_under_the_final_name(tmp_path: Path,
+                                                                                       s3: SeaweedS3,
+                                                                                       bucket: str) -> None:
+    """Orbax writes ``<step>.orbax-checkpoint-tmp-<ts>/`` and renames it to ``<step>`` when done.
+    Its files, outside any group until the rename, are not uploaded as loose objects (uploaded
+    twice, and never deleted remotely): the save goes up once, as group ``5``, when sealed."""
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    url = f"s3://{bucket}/o"
+    with mirror_mount(d, s3, url):
+        tmp = d / "5.orbax-checkpoint-tmp-1234"
+        tmp.mkdir()
+        (tmp / "_METADATA").write_bytes(b"{}")
+        (tmp / "state.bin").write_bytes(os.urandom(MiB))
+        deadline = time.monotonic() + 20  # the uploader has handled both files before the rename
+        while json.loads(os.getxattr(d, "user.ckptfs.mirror"))["files_deferred"] < 2:
+            assert time.monotonic() < deadline, os.getxattr(d, "user.ckptfs.mirror")
+            time.sleep(0.05)
+        os.rename(tmp, d / "5")
+        wait_state(d / "5")
+    ks = keys(s3, bucket)
+    assert not [k for k in ks if "orbax-checkpoint-tmp" in k], ks
+    assert {"o/5/_METADATA", "o/5/state.bin", "o/5/.ckptfs/COMMIT"} <= set(ks), ks
+
+
 # ------------------------------------------------------------------ multi-node
 def test_a_dcp_save_over_four_node_mounts_commits_once_and_restores_whole(tmp_path: Path, s3: SeaweedS3,
                                                                          bucket: str) -> None:

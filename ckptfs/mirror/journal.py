@@ -1,4 +1,5 @@
-"""The mirror's crash-safe upload state: one small JSON file per group, fsynced on every change.
+"""The mirror's crash-safe upload state: one small JSON file per group, fsynced on every change
+(also per large file outside groups: its path as the group, ``LOOSE`` + its blake3 as the seal).
 
 ``.ckptfs/mirror/<blake3 of the group path>.json`` (in the backing directory, through the
 :class:`~ckptfs.backing.BackingStore`) holds, for the group's current local seal (its manifest
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from ckptfs.backing import BackingStore
 
 MIRROR_DIR = f"{META_DIR}/mirror"
+LOOSE = "file "  # the ``manifest`` of a loose file's state: this prefix, then its version's blake3
 
 
 def _name(group: str) -> str:
@@ -49,18 +51,10 @@ class UploadState:
 
     @classmethod
     def load(cls, store: BackingStore, group: str, manifest: str) -> UploadState:
+        """The state of ``group`` for seal ``manifest``; ``manifest=""``: whatever seal it is for."""
         st = cls(store, group, manifest)
-        try:
-            fd = store.open(_name(group), os.O_RDONLY)
-        except FileNotFoundError:
-            return st
-        try:
-            doc = json.loads(store.pread(fd, store.fstat(fd).st_size, 0))
-        except ValueError:
-            return st  # (never written torn: tmp + rename) an unreadable file is no state
-        finally:
-            store.close(fd)
-        if doc.get("group") != group or doc.get("manifest") != manifest:
+        doc = _read(store, _name(group))
+        if doc is None or doc.get("group") != group or (manifest and doc.get("manifest") != manifest):
             return st  # U3: another seal's state
         st.files = {rel: {"upload_id": f.get("upload_id", ""),
                           "parts": {int(n): e for n, e in f.get("parts", {}).items()},
@@ -85,6 +79,35 @@ class UploadState:
 
     def file(self, rel: str) -> dict[str, Any]:
         return self.files.setdefault(rel, {"upload_id": "", "parts": {}, "done": None})
+
+
+def _read(store: BackingStore, name: str) -> dict[str, Any] | None:
+    try:
+        fd = store.open(name, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        doc = json.loads(store.pread(fd, store.fstat(fd).st_size, 0))
+    except ValueError:
+        return None  # (never written torn: tmp + rename) an unreadable file is no state
+    finally:
+        store.close(fd)
+    return doc if isinstance(doc, dict) else None
+
+
+def loose_states(store: BackingStore) -> list[str]:
+    """Paths of loose files (outside groups) with a journaled upload state: multipart uploads a
+    crash or an unmount cut short."""
+    try:
+        names = store.listdir(MIRROR_DIR)
+    except FileNotFoundError:
+        return []
+    out = []
+    for n in sorted(names):
+        doc = _read(store, f"{MIRROR_DIR}/{n}") if n.endswith(".json") else None
+        if doc is not None and str(doc.get("manifest", "")).startswith(LOOSE) and doc.get("group"):
+            out.append(str(doc["group"]))
+    return out
 
 
 def forget(store: BackingStore, group: str) -> None:

@@ -46,11 +46,11 @@ from ckptfs import crashpoints, events
 from ckptfs.engine.seals import OPEN, SEALED, SealError, read_seal
 from ckptfs.layout import is_meta, parent
 from ckptfs.mirror import protocol as P
-from ckptfs.mirror.journal import UploadState, forget
+from ckptfs.mirror.journal import LOOSE, UploadState, forget, loose_states
 from ckptfs.mirror.publish import delete_remote_group, publish, remote_groups
 from ckptfs.mirror.remote import MirrorRefused, PreconditionFailed, Remote, RemoteError, crc, crc_b64
 from ckptfs.records import CHUNK_SIZE
-from ckptfs.rules import step_of
+from ckptfs.rules import TMP_DIR_RE, step_of
 from ckptfs.xattrs import X_MIRROR
 
 if TYPE_CHECKING:
@@ -129,6 +129,7 @@ class Counters:
     remote_groups_deleted: int = 0
     failures: int = 0
     files_uploaded: int = 0  # committed files outside groups
+    files_deferred: int = 0  # files in a temporary directory a framework renames into a group: never loose
     yield_s: float = 0.0  # seconds the uploader paused for saves in progress
     seal_to_commit_s: list[float] = field(default_factory=list)
 
@@ -186,6 +187,8 @@ class Mirror:
         for g in backlog:
             self.state[g.path] = "pending"
             self._enqueue("group", g.path)
+        for path in loose_states(self.store):  # a loose file's multipart upload cut short: resume or abort
+            self._enqueue("file", path)
         self._worker = threading.Thread(target=self._run, name="ckptfs-mirror", daemon=True)
         self._worker.start()
         log.info("mirror to %s as node %s: %d sealed groups to check or upload", self.remote.loc.url, self.node,
@@ -572,9 +575,10 @@ class Mirror:
         finally:
             self._slots.release()
 
-    def _existing(self, key: str, want: dict[str, Any], overwrite: Any) -> str:
+    def _existing(self, key: str, want: dict[str, Any], overwrite: Any, sends: bool = True) -> str:
         """A 412 on a data object: an earlier attempt wrote it (same size and checksum: skip), or an
-        older seal did and no COMMIT names it any more (overwrite)."""
+        older seal (an older version of a loose file) did and no COMMIT names it any more
+        (overwrite; ``sends``: the overwrite sends the bytes, not only completes an upload)."""
         h = self.remote.head(key)
         if h is not None and h["size"] == want["size"] and h["checksum"] == want["checksum"]:
             self.counters.objects_skipped += 1
@@ -584,7 +588,8 @@ class Mirror:
             raise P.ProtocolError(f"{key}: the store holds another version under a remote COMMIT")
         etag = overwrite()
         self.counters.objects_uploaded += 1
-        self.counters.bytes_uploaded += want["size"]
+        if sends:
+            self.counters.bytes_uploaded += want["size"]
         return str(etag)
 
     def _send_parts(self, st: UploadState, fd: int, key: str, rel: str, rec: dict[str, Any],
@@ -670,7 +675,7 @@ class Mirror:
             etag = self.remote.complete_upload(key, m["upload_id"], m["etags"], m["whole"], m["part_crcs"])
         except PreconditionFailed:
             etag = self._existing(key, want, lambda: self.remote.complete_upload(
-                key, m["upload_id"], m["etags"], m["whole"], m["part_crcs"], if_absent=False))
+                key, m["upload_id"], m["etags"], m["whole"], m["part_crcs"], if_absent=False), sends=False)
             self.remote.abort_upload(key, m["upload_id"])
         else:
             self.counters.objects_uploaded += 1
@@ -696,10 +701,23 @@ class Mirror:
 
     # ------------------------------------------------------------ files outside groups
     def _file(self, path: str) -> None:
+        """A committed file outside groups, as its newest version.  Not one in a directory with the
+        temporary name a framework renames into a group once its save is done (Orbax's
+        ``<step>.orbax-checkpoint-tmp-<ts>``, ``tmp-checkpoint-N``): that save goes up as the
+        group, under its final name, when sealed (a loose copy would be uploaded twice and never
+        deleted remotely).  A file larger than a part: a multipart upload journaled as a group's
+        is (U1-U3), so a crash resumes or aborts it (``start``)."""
+        if any(TMP_DIR_RE.fullmatch(c) for c in path.split("/")[:-1]):
+            self.counters.files_deferred += 1
+            return
         with self.fs.lock:
             rec = self.fs.records.get(path)
             in_group = self.fs.grp.group_of(path) is not None
         if rec is None or in_group:
+            self._drop_loose(path)
+            return
+        if rec.size > self.part_size:
+            self._large_file(path, rec.to_json())
             return
         fd = self.store.open(path, os.O_RDONLY)
         try:
@@ -712,6 +730,43 @@ class Mirror:
         self.counters.files_uploaded += 1
         self.counters.bytes_uploaded += len(data)
         crashpoints.hit("mirror_loose_put")
+
+    def _large_file(self, path: str, rec: dict[str, Any]) -> None:
+        st = UploadState.load(self.store, path, LOOSE + str(rec["blake3"]))
+        rel = os.path.basename(path)
+        futures: list[tuple[str, Any]] = []
+        multipart: dict[str, dict[str, Any]] = {}
+        try:
+            info = self._upload_file(st, path, path, rec, futures, multipart, rel)
+            cf.wait([fut for _, fut in futures])
+            for _, fut in futures:
+                fut.result()
+            if info is None:
+                m = multipart[rel]
+                info = m["done"] if "done" in m else self._complete(st, path, rel, m)
+        except OSError:
+            cf.wait([fut for _, fut in futures])  # nothing of this attempt in flight behind it
+            with self.fs.lock:
+                now = self.fs.records.get(path)
+            if now is not None and now.blake3 == rec["blake3"]:
+                raise  # the store failed, or this version rotted: retried (M5)
+            self._drop_loose(path, st)  # replaced or removed since: a newer version has its own event
+            return
+        forget(self.store, path)
+        self.counters.files_uploaded += 1
+        crashpoints.hit("mirror_loose_put")
+
+    def _drop_loose(self, path: str, st: UploadState | None = None) -> None:
+        """Abort the journaled multipart upload of a loose file's older version, drop its state."""
+        st = st or UploadState.load(self.store, path, "")
+        for _, uid in st.open_uploads():
+            try:
+                self.remote.abort_upload(path, uid)
+                self.counters.uploads_aborted += 1
+            except (RemoteError, FileNotFoundError):
+                pass
+        if st.files:
+            forget(self.store, path)
 
     # ------------------------------------------------------------ remote retention (M6)
     def _remote_retention(self, d: str) -> None:
