@@ -473,10 +473,10 @@ def test_a_daemon_killed_during_an_upload_resumes_and_commits_after_remount(tmp_
     d = tmp_path / "ckpts"
     d.mkdir()
     url = f"s3://{bucket}/k"
-    m = mirror_mount(d, s3, url, env={"CKPTFS_CRASH_AT": point}).start()
-    files = write_group(d / "step_5", {"model.pt": os.urandom(30 * MiB), "optimizer.pt": os.urandom(1000)})
-    assert m.wait_dead(60) is not None, f"daemon did not reach {point}"
-    m.detach()
+    with mirror_mount(d, s3, url, env={"CKPTFS_CRASH_AT": point}).start() as m:  # (unmounted if it fails)
+        files = write_group(d / "step_5", {"model.pt": os.urandom(30 * MiB), "optimizer.pt": os.urandom(1000)})
+        assert m.wait_dead(60) is not None, f"daemon did not reach {point}"
+        m.detach()
     with mirror_mount(d, s3, url):
         wait_state(d / "step_5", timeout=90)
         root = json.loads(os.getxattr(d, "user.ckptfs.mirror"))
@@ -517,11 +517,11 @@ def test_a_large_file_outside_groups_goes_up_in_journaled_parts_and_resumes_afte
     d = tmp_path / "ckpts"
     d.mkdir()
     url = f"s3://{bucket}/top"
-    m = mirror_mount(d, s3, url, env={"CKPTFS_CRASH_AT": "mirror_part_journaled"}).start()
     v1 = os.urandom(20 * MiB)  # 3 parts of 8 MiB
-    (d / "model.pt").write_bytes(v1)
-    assert m.wait_dead(60) is not None, "daemon did not reach mirror_part_journaled"
-    m.detach()
+    with mirror_mount(d, s3, url, env={"CKPTFS_CRASH_AT": "mirror_part_journaled"}).start() as m:
+        (d / "model.pt").write_bytes(v1)
+        assert m.wait_dead(60) is not None, "daemon did not reach mirror_part_journaled"
+        m.detach()
     assert len(s3.client().list_multipart_uploads(Bucket=bucket).get("Uploads", [])) == 1
     with mirror_mount(d, s3, url):
         wait_object(s3, bucket, "top/model.pt", v1)
@@ -625,11 +625,11 @@ def test_a_node_part_left_open_by_a_daemon_crash_is_sealed_at_recovery_and_uploa
     (d / "step_4").mkdir(parents=True)
     url = f"s3://{bucket}/job"
     args = ("--mirror-node", "n1", "--node-part", "--idle-seal", "60")
-    m = mirror_mount(d, s3, url, *args).start()
     data = os.urandom(MiB)
-    (d / "step_4" / "__1_0.distcp").write_bytes(data)
-    assert os.getxattr(d / "step_4", "user.ckptfs.status") == b"open"
-    m.kill()
+    with mirror_mount(d, s3, url, *args).start() as m:
+        (d / "step_4" / "__1_0.distcp").write_bytes(data)
+        assert os.getxattr(d / "step_4", "user.ckptfs.status") == b"open"
+        m.kill()
     with mirror_mount(d, s3, url, *args):
         assert os.getxattr(d / "step_4", "user.ckptfs.status") == b"sealed"
         wait_state(d / "step_4", "waiting for other nodes", timeout=30)
