@@ -737,13 +737,12 @@ class Mirror:
         futures: list[tuple[str, Any]] = []
         multipart: dict[str, dict[str, Any]] = {}
         try:
-            info = self._upload_file(st, path, path, rec, futures, multipart, rel)
-            cf.wait([fut for _, fut in futures])
-            for _, fut in futures:
-                fut.result()
-            if info is None:
-                m = multipart[rel]
-                info = m["done"] if "done" in m else self._complete(st, path, rel, m)
+            if self._upload_file(st, path, path, rec, futures, multipart, rel) is None:  # (else: up already)
+                cf.wait([fut for _, fut in futures])
+                for _, fut in futures:
+                    fut.result()
+                if "done" not in multipart[rel]:
+                    self._complete(st, path, rel, multipart[rel])
         except OSError:
             cf.wait([fut for _, fut in futures])  # nothing of this attempt in flight behind it
             with self.fs.lock:
@@ -759,12 +758,9 @@ class Mirror:
     def _drop_loose(self, path: str, st: UploadState | None = None) -> None:
         """Abort the journaled multipart upload of a loose file's older version, drop its state."""
         st = st or UploadState.load(self.store, path, "")
-        for _, uid in st.open_uploads():
-            try:
-                self.remote.abort_upload(path, uid)
-                self.counters.uploads_aborted += 1
-            except (RemoteError, FileNotFoundError):
-                pass
+        for _, uid in st.open_uploads():  # (the store down: raises, the task is retried, the state kept)
+            self.remote.abort_upload(path, uid)  # (gone already: nothing to do)
+            self.counters.uploads_aborted += 1
         if st.files:
             forget(self.store, path)
 
