@@ -568,6 +568,22 @@ class CkptFS:
         finally:
             self.release(fh)
 
+    def _truncate_bypassed(self, v: Version, length: int) -> bool:
+        """W2: a truncate through a passthrough writer's handle after its version was installed (an
+        fsync, then ``ftruncate``) changes the file the kernel keeps writing for that handle, never
+        a copy of it: the kernel's later writes land in that file, so a truncated clone would lose
+        them (issue 24: fsync, ftruncate(40000), write at 160000 committed 40000 bytes).  The
+        handle's next fsync, flush or release commits the result again (``_after_bypass``).  False
+        if the version is gone (discarded): the caller makes a new version as for any handle."""
+        if v.state in (staged.QUEUED, staged.COMMITTING):
+            v.done.wait()  # its install first (async mode)
+        with v.lock:
+            if v.state != staged.INSTALLED or v.fd < 0:
+                return False
+            self.store.ftruncate(v.fd, length)
+        self.stats["passthrough_truncates_after_commit"] += 1
+        return True
+
     def _path_showing(self, ino: int) -> str | None:
         """The committed path whose backing file is inode ``ino`` (a renamed file moved its record)."""
         with self.lock:
@@ -631,14 +647,17 @@ class CkptFS:
         path = self.norm(path)
         if is_view(path):
             return self._st(self.store.lstat(self._view_real(path)))
-        if fh is not None and fh in self.handles:
+        if fh is not None:
             # fstat of an open file answers from its handle: it keeps working after the name is
-            # unlinked or replaced (the handle keeps the old inode, as natively)
-            h = self.handles[fh]
-            if h.version is not None and h.version.fd >= 0:
-                return self._st(self.store.fstat(h.version.fd))
-            if h.fd is not None:
-                return self._st(self.store.fstat(h.fd))
+            # unlinked or replaced (the handle keeps the old inode, as natively).  Under ``lock``: a
+            # release pops the handle under it before closing its fd (an fstat of a closed fd was
+            # EBADF to a reader racing tmp + rename, issue 24)
+            with self.lock:
+                h = self.handles.get(fh)
+                fd = None if h is None else (h.version.fd if h.version is not None and h.version.fd >= 0
+                                             else h.fd)
+                if fd is not None:
+                    return self._st(self.store.fstat(fd))
         if path in self.hidden:
             return self._st(self._on_hidden(path, self.store.fstat))
         self._check_visible(path)
@@ -1003,6 +1022,9 @@ class CkptFS:
             self.release(fh2)
 
     def _truncate_handle(self, h: Handle, length: int, caller: Caller) -> None:
+        v = h.version
+        if h.writable and v is not None and v.bypassed and v.state != staged.OPEN and self._truncate_bypassed(v, length):
+            return
         while not self.staging.change(self._writable_version(h, caller), self.staging.truncated(length), "truncate"):
             pass
 

@@ -46,6 +46,8 @@ class Node:
     pt_key: tuple = ()  # identity of the backing file they read (st_dev, st_ino, size, mtime, ctime)
     reader: bool = False  # a reader node (T5): only isolated readers of the committed version hold it
     entry_cached: bool = False  # the kernel may hold a dentry for it with a timeout (ops.Ops.entry)
+    replaced: bool = False  # its name was renamed over: the name now names another file (T6)
+    gone_attr: dict | None = None  # T6: the attributes of the file it named when it was renamed over
 
 
 def join(parent: str, name: str) -> str:
@@ -219,6 +221,7 @@ class Nodes:
                 victim = self._pop(p)
                 if victim is not None:
                     victim.path = None
+                    victim.replaced = True  # T6: a request on it is answered ESTALE (look again)
             moving = [(p, self._pop(p)) for p in [old, *self._below(old)]]
             for p, m in moving:
                 if m is not None:

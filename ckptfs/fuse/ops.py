@@ -56,6 +56,16 @@ def _names(b: bytes | memoryview) -> tuple[str, str]:
     return a.decode("utf-8", "surrogateescape"), c.decode("utf-8", "surrogateescape")
 
 
+def _gone(node: Node | None) -> OSError:
+    """The error for a request on a node whose name went away (T2).  A name renamed over (T6: tmp +
+    rename replacing ``latest`` while a reader opens it) still exists and names another file: ESTALE,
+    so the VFS looks the name up again (``LOOKUP_REVAL``) and opens the file that is there now, as
+    libfuse answers; an unlinked name: ENOENT, as natively."""
+    if node is not None and node.replaced:
+        return OSError(errno.ESTALE, "renamed over: look the name up again")
+    return OSError(errno.ENOENT, "stale node")
+
+
 def _enc(s: str) -> bytes:
     return s.encode("utf-8", "surrogateescape")
 
@@ -63,6 +73,11 @@ def _enc(s: str) -> bytes:
 class Ops:
     """Handlers by opcode: ``handle(opcode, nodeid, caller, body) -> bytes | list[bytes]`` (the reply
     payload) or raises OSError (the reply's error) or :class:`Reply` (no reply)."""
+
+    # requests about the node itself, reached by a path walk (not through an open handle): on a node
+    # whose name was renamed over, their ENOENT becomes ESTALE (T6, ``_gone``)
+    ON_NODE = frozenset({k.GETATTR, k.SETATTR, k.OPEN, k.GETXATTR, k.LISTXATTR, k.SETXATTR,
+                         k.REMOVEXATTR, k.READLINK})
 
     def __init__(self, fs: CkptFS, timeout: float = 0.0) -> None:
         self.fs = fs
@@ -96,7 +111,7 @@ class Ops:
     # ------------------------------------------------------------ helpers
     def path_of(self, node: Node | None) -> str:
         if node is None or node.path is None:
-            raise OSError(errno.ENOENT, "stale node")
+            raise _gone(node)
         return node.path
 
     def fh_of(self, node: Node) -> int | None:
@@ -149,12 +164,17 @@ class Ops:
     def getattr(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
         flags, _, fh = k.GETATTR_IN.unpack_from(body)
         fh_ = fh if flags & k.GETATTR_FH else None
-        if node is not None and fh_ is None and (node.path is None or node.reader):
+        if node is not None and fh_ is None and (node.path is None or node.reader or node.hidden):
             # fstat(2) sends no handle: an open file answers from it after its name went, and a
             # reader node for the version its readers opened (T5)
             fh_ = self.fh_of(node)
+        if (node is not None and node.replaced and node.gone_attr is not None and fh_ not in self.fs.handles
+                and (node.path is None or node.hidden)):
+            # T6: renamed over and no longer open here: the file it was, unlinked (an fstat racing the
+            # release of another handle, or a stat whose walk began before the rename), never cached
+            return self.attr("", dict(node.gone_attr, st_nlink=0), reader=True)
         if (node is None or node.path is None) and fh_ not in self.fs.handles:
-            raise OSError(errno.ENOENT, "stale node")
+            raise _gone(node)
         path = node.path if node is not None and node.path is not None else ""  # "": answered by fh_
         st = self.fs.getattr(path, fh_, c)
         return self.attr(path, st, reader=node is not None and node.reader)
@@ -249,8 +269,14 @@ class Ops:
         try:
             if flags == 0:
                 victim = self.nodes.at(new)
+                if victim is not None and old != new:
+                    try:  # T6: what a request still arriving on it (its walk began before) is answered
+                        victim.gone_attr = self.fs.getattr(new, None, c)
+                    except OSError:
+                        victim.gone_attr = None
                 if victim is not None and victim.opens > 0 and old != new:
                     self._hide(new, victim, c)
+                    victim.replaced = True  # T6: renamed over, not unlinked
             self.fs.rename(old, new, flags, c)
             if flags & RENAME_EXCHANGE:
                 self.nodes.exchange(old, new)

@@ -263,7 +263,10 @@ class Session:
         except OSError as e:
             if self.debug:
                 log.debug("%s node=%d -> %s", k.NAMES.get(opcode, opcode), nid, e)
-            self.reply_err(unique, e.errno or errno.EIO)
+            code = e.errno or errno.EIO
+            if code == errno.ENOENT and node is not None and node.replaced and opcode in ops.ON_NODE:
+                code = errno.ESTALE  # T6: its name was renamed over; the VFS looks the name up again
+            self.reply_err(unique, code)
             return
         except Exception:
             log.exception("%s on node %d failed", k.NAMES.get(opcode, opcode), nid)
