@@ -39,6 +39,25 @@ def _load_sync_file_range():  # type: ignore[no-untyped-def]
 _sync_file_range = _load_sync_file_range()
 
 
+def _load_fallocate():  # type: ignore[no-untyped-def]
+    """libc's fallocate(2) with its mode (os.posix_fallocate has none); None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+    import ctypes.util
+
+    try:
+        f = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).fallocate
+    except (OSError, AttributeError):
+        return None
+    f.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    f.restype = ctypes.c_int
+    return f
+
+
+_fallocate = _load_fallocate()
+
+
 def _rel(path: str) -> str:
     return path if path else "."
 
@@ -76,6 +95,7 @@ class BackingStore(Protocol):
     def preadinto(self, fd: int, buf: memoryview, offset: int) -> int: ...
     def pwrite(self, fd: int, data: bytes, offset: int) -> int: ...
     def ftruncate(self, fd: int, length: int) -> None: ...
+    def fallocate(self, fd: int, mode: int, offset: int, length: int) -> None: ...
     def fsync(self, fd: int) -> None: ...
     def fdatasync(self, fd: int) -> None: ...
     def fstat(self, fd: int) -> os.stat_result: ...
@@ -155,6 +175,20 @@ class OsBackingStore:
 
     def ftruncate(self, fd: int, length: int) -> None:
         os.ftruncate(fd, length)
+
+    def fallocate(self, fd: int, mode: int, offset: int, length: int) -> None:
+        """fallocate(2) with ``mode`` (preallocate, keep size, punch hole, zero, collapse, insert
+        range), as the backing filesystem supports it; EOPNOTSUPP where it has no such call."""
+        if _fallocate is None:
+            if mode:
+                raise OSError(errno.EOPNOTSUPP, "fallocate modes need Linux")
+            os.posix_fallocate(fd, offset, length)
+            return
+        import ctypes
+
+        if _fallocate(fd, mode, offset, length) != 0:
+            e = ctypes.get_errno()
+            raise OSError(e, os.strerror(e))
 
     def fsync(self, fd: int) -> None:
         durable_sync(fd)

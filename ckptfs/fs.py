@@ -121,6 +121,7 @@ def reserved(path: str) -> bool:
     return is_meta(path) or is_view(path)
 
 
+REPLACED_KEPT = 1024  # T6: how many renamed-over hidden names keep their attributes
 READER_DRAIN_SECONDS = 2.0  # how long an O_TRUNC rewrite of a checkpoint file waits for cached readers
 
 
@@ -169,6 +170,10 @@ class CkptFS:
         self.handles: dict[int, Handle] = {}
         self.inodes = InodeMap()  # the st_ino the mount reports (stable across versions)
         self.hidden: dict[str, str] = {}  # libfuse's .fuse_hidden name of an open, unlinked file -> its old path
+        # T6: hidden names of files renamed over -> their attributes then (bounded; oldest dropped).
+        # A request still arriving on one after its last handle closed (the kernel's walk began before
+        # the rename) is answered as natively: stat gets the file it was, open ESTALE (look again)
+        self.replaced: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
         self._next_fh = 1
         self.ns_seq = 0  # completed unlinks and renames (under lock): _publish_new re-checks across one
         self.stats: collections.Counter[str] = collections.Counter()
@@ -568,20 +573,21 @@ class CkptFS:
         finally:
             self.release(fh)
 
-    def _truncate_bypassed(self, v: Version, length: int) -> bool:
-        """W2: a truncate through a passthrough writer's handle after its version was installed (an
-        fsync, then ``ftruncate``) changes the file the kernel keeps writing for that handle, never
-        a copy of it: the kernel's later writes land in that file, so a truncated clone would lose
-        them (issue 24: fsync, ftruncate(40000), write at 160000 committed 40000 bytes).  The
-        handle's next fsync, flush or release commits the result again (``_after_bypass``).  False
-        if the version is gone (discarded): the caller makes a new version as for any handle."""
+    def _change_bypassed(self, v: Version, fn: Callable[[int], None]) -> bool:
+        """W2: a truncate or fallocate through a passthrough writer's handle after its version was
+        installed (an fsync, then ``ftruncate``) changes the file the kernel keeps writing for that
+        handle, never a copy of it: the kernel's later writes land in that file, so a truncated
+        clone would lose them (issue 24: fsync, ftruncate(40000), write at 160000 committed 40000
+        bytes).  The handle's next fsync, flush or release commits the result again
+        (``_after_bypass``).  False if the version is gone (discarded): the caller makes a new
+        version as for any handle."""
         if v.state in (staged.QUEUED, staged.COMMITTING):
             v.done.wait()  # its install first (async mode)
         with v.lock:
             if v.state != staged.INSTALLED or v.fd < 0:
                 return False
-            self.store.ftruncate(v.fd, length)
-        self.stats["passthrough_truncates_after_commit"] += 1
+            fn(v.fd)
+        self.stats["passthrough_changes_after_commit"] += 1
         return True
 
     def _path_showing(self, ino: int) -> str | None:
@@ -658,8 +664,14 @@ class CkptFS:
                                              else h.fd)
                 if fd is not None:
                     return self._st(self.store.fstat(fd))
-        if path in self.hidden:
-            return self._st(self._on_hidden(path, self.store.fstat))
+        if path in self.hidden or path in self.replaced:
+            try:
+                return self._st(self._on_hidden(path, self.store.fstat))
+            except FileNotFoundError:
+                gone = self.replaced.get(path)
+                if gone is None:
+                    raise
+                return dict(gone, st_nlink=0)
         self._check_visible(path)
         v = self._seen_by(path, caller)
         if v is not None:
@@ -806,8 +818,13 @@ class CkptFS:
             if stat.S_ISDIR(self.store.lstat(real).st_mode):
                 raise _err(errno.EISDIR)
             return self._new_fh(Handle(path=real, writable=False, fd=self.store.open(real, os.O_RDONLY)))
-        if path in self.hidden:
-            return self._open_hidden(path, flags, caller)
+        if path in self.hidden or path in self.replaced:
+            try:
+                return self._open_hidden(path, flags, caller)
+            except FileNotFoundError:
+                if path in self.replaced:
+                    raise _err(errno.ESTALE, f"{path}: renamed over: look the name up again") from None
+                raise
         self._check_visible(path)
         app = bool(flags & os.O_APPEND)
         if writable and flags & os.O_TRUNC:
@@ -1021,9 +1038,45 @@ class CkptFS:
         finally:
             self.release(fh2)
 
+    def fallocate(self, fh: int, mode: int, offset: int, length: int, caller: Caller = NOBODY) -> None:
+        """fallocate(2) through an open handle (every mode the backing filesystem has: preallocate,
+        ``KEEP_SIZE``, ``PUNCH_HOLE``, ``ZERO_RANGE``, ``COLLAPSE_RANGE``, ``INSERT_RANGE``), applied to
+        the handle's staged version like a write: a copy-on-write version of a committed file, the
+        digest recomputed at seal.  A call the backing filesystem refuses (EOPNOTSUPP, EINVAL,
+        ENOSPC) changes nothing, so, unlike a failed write, it never dooms the version."""
+        h = self._handle(fh)
+        if not h.writable:
+            raise _err(errno.EBADF)
+        v = h.version
+        if v is not None and v.bypassed and v.state != staged.OPEN:
+            if self._change_bypassed(v, lambda fd: self.store.fallocate(fd, mode, offset, length)):
+                return
+        refused: list[OSError] = []
+
+        def change(v: Version) -> None:
+            try:
+                self.store.fallocate(v.fd, mode, offset, length)
+            except OSError as e:
+                if e.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSPC, errno.EFBIG, errno.ENODEV):
+                    refused.append(e)  # nothing changed: the version stays good
+                    return
+                raise
+            if offset < v.base:
+                v.extends = False  # committed bytes changed: all-or-nothing if its writer dies (V2)
+            v.writer_pids.add(caller.pid)
+            v.digest.stale = True  # hashed again at seal
+            v.size = self.store.fstat(v.fd).st_size
+
+        while not self.staging.change(self._writable_version(h, caller), change, "fallocate"):
+            pass
+        if refused:
+            raise refused[0]
+        self.stats["fallocates"] += 1
+
     def _truncate_handle(self, h: Handle, length: int, caller: Caller) -> None:
         v = h.version
-        if h.writable and v is not None and v.bypassed and v.state != staged.OPEN and self._truncate_bypassed(v, length):
+        if (h.writable and v is not None and v.bypassed and v.state != staged.OPEN
+                and self._change_bypassed(v, lambda fd: self.store.ftruncate(fd, length))):
             return
         while not self.staging.change(self._writable_version(h, caller), self.staging.truncated(length), "truncate"):
             pass
@@ -1358,6 +1411,16 @@ class CkptFS:
         self.stats[f"hidden_before_{kind or 'unknown'}"] += 1
         if kind != "rename":
             self.unlink(old, caller)  # also drops a version being written at ``old`` (never installed)
+        else:
+            try:
+                gone = self.getattr(old, caller=caller)
+            except OSError:
+                gone = None
+            if gone is not None:
+                with self.lock:
+                    self.replaced[hidden] = gone
+                    while len(self.replaced) > REPLACED_KEPT:
+                        self.replaced.popitem(last=False)
         with self.lock:
             self.hidden[hidden] = old
             for h in self.handles.values():

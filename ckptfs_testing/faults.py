@@ -15,7 +15,7 @@ from typing import Any
 from ckptfs.backing import BackingStore
 
 #: operations that change or persist backing state (where an error matters)
-MUTATING = ("open", "pwrite", "ftruncate", "fsync", "fdatasync", "copy_range", "mkdir", "rmdir",
+MUTATING = ("open", "pwrite", "ftruncate", "fallocate", "fsync", "fdatasync", "copy_range", "mkdir", "rmdir",
             "unlink", "rename", "link", "symlink", "mknod", "fsync_dir", "chmod", "chown", "fchown", "fchmod",
             "utime", "setxattr", "fsetxattr")
 

@@ -122,6 +122,10 @@ def make_operations(mfusepy: Any, fs: CkptFS) -> Any:
             fs.truncate(path or "", length, fh, caller())
             return 0
 
+        def fallocate(self, path: str | None, mode: int, offset: int, size: int, fh: int) -> int:
+            fs.fallocate(fh, mode, offset, size, caller())
+            return 0
+
         def flush(self, path: str | None, fh: int) -> int:
             fs.flush(fh, caller())
             return 0

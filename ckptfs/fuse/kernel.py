@@ -99,6 +99,7 @@ WRITE_IN = READ_IN  # fh offset size write_flags lock_owner flags padding
 WRITE_OUT = struct.Struct("<II")
 STATFS_OUT = struct.Struct("<QQQQQIIII24x")  # blocks bfree bavail files ffree bsize namelen frsize padding spare
 FSYNC_IN = struct.Struct("<QII")  # fh fsync_flags padding
+FALLOCATE_IN = struct.Struct("<QQQII")  # fh offset length mode padding
 SETXATTR_IN = struct.Struct("<II")  # size flags (no FUSE_SETXATTR_EXT)
 GETXATTR_IN = struct.Struct("<II")  # size padding
 GETXATTR_OUT = struct.Struct("<II")

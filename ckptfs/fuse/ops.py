@@ -105,7 +105,7 @@ class Ops:
             k.GETXATTR: self.getxattr, k.LISTXATTR: self.listxattr, k.REMOVEXATTR: self.removexattr,
             k.FLUSH: self.flush, k.OPENDIR: self.opendir, k.READDIR: self.readdir,
             k.RELEASEDIR: self.releasedir, k.FSYNCDIR: self.fsyncdir, k.CREATE: self.create,
-            k.IOCTL: self.ioctl,
+            k.IOCTL: self.ioctl, k.FALLOCATE: self.fallocate,
         }
 
     # ------------------------------------------------------------ helpers
@@ -451,6 +451,13 @@ class Ops:
     def fsync(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
         fh, *_ = k.FSYNC_IN.unpack_from(body)
         self.fs.fsync(fh, c)
+        return b""
+
+    def fallocate(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
+        fh, offset, length, mode, _ = k.FALLOCATE_IN.unpack_from(body)
+        self.fs.fallocate(fh, mode, offset, length, c)
+        if node is not None:
+            self.invalidate(node)  # a size or a hole the kernel's cached pages and size do not know
         return b""
 
     def ioctl(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
