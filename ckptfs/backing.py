@@ -130,10 +130,40 @@ class BackingStore(Protocol):
     def fsetxattr(self, fd: int, name: str, value: bytes) -> None: ...
 
 
+LONG_PATH = 3000  # bytes: a longer path is resolved a few directories at a time (``OsBackingStore._at``)
+
+
 class OsBackingStore:
-    """BackingStore over a real directory, all calls relative to ``root_fd``."""
+    """BackingStore over a real directory, all calls relative to ``root_fd``.
+
+    A path relative to the root may be longer than PATH_MAX even where every path the application
+    used was not (it works in a deep subdirectory of the mount, relative to its own cwd): such a
+    path is resolved through directory fds opened a chunk of at most :data:`LONG_PATH` bytes at a
+    time, and the call made relative to the last one (``_at``), so the mount takes every path a
+    native directory takes (issue 24: pjdfstest's ``*/03.t`` in a subdirectory)."""
 
     bypassable = True
+
+    def _at(self, path: str) -> tuple[int, str, bool]:
+        """(directory fd, name relative to it, whether the caller closes the fd) for ``path``."""
+        if len(path) < LONG_PATH // 4 or len(path.encode("utf-8", "surrogateescape")) < LONG_PATH:
+            return self.root_fd, _rel(path), False
+        parts = path.split("/")
+        fd, owned, chunk = self.root_fd, False, ""
+        try:
+            for comp in parts[:-1]:
+                if chunk and len((chunk + "/" + comp).encode("utf-8", "surrogateescape")) >= LONG_PATH:
+                    nfd = os.open(chunk, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+                    if owned:
+                        os.close(fd)
+                    fd, owned, chunk = nfd, True, ""
+                chunk = f"{chunk}/{comp}" if chunk else comp
+            name = f"{chunk}/{parts[-1]}" if chunk else parts[-1]
+        except BaseException:
+            if owned:
+                os.close(fd)
+            raise
+        return fd, name, owned
 
     def __init__(self, root: str | int) -> None:
         if isinstance(root, int):
@@ -147,7 +177,12 @@ class OsBackingStore:
 
     # -- file data ---------------------------------------------------------
     def open(self, path: str, flags: int, mode: int = 0o644) -> int:
-        return os.open(_rel(path), flags | os.O_CLOEXEC, mode, dir_fd=self.root_fd)
+        d, rel, own = self._at(path)
+        try:
+            return os.open(rel, flags | os.O_CLOEXEC, mode, dir_fd=d)
+        finally:
+            if own:
+                os.close(d)
 
     def close(self, fd: int) -> None:
         os.close(fd)
@@ -241,7 +276,12 @@ class OsBackingStore:
 
     # -- namespace ---------------------------------------------------------
     def lstat(self, path: str) -> os.stat_result:
-        return os.stat(_rel(path), dir_fd=self.root_fd, follow_symlinks=False)
+        d, rel, own = self._at(path)
+        try:
+            return os.stat(rel, dir_fd=d, follow_symlinks=False)
+        finally:
+            if own:
+                os.close(d)
 
     def exists(self, path: str) -> bool:
         try:
@@ -251,7 +291,7 @@ class OsBackingStore:
             return False
 
     def listdir(self, path: str) -> list[str]:
-        fd = os.open(_rel(path), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=self.root_fd)
+        fd = self.open(path, os.O_RDONLY | os.O_DIRECTORY)
         try:
             return os.listdir(fd)
         finally:
@@ -259,7 +299,7 @@ class OsBackingStore:
 
     def scandir(self, path: str) -> list[tuple[str, int, int]]:
         """(name, inode number, file type bits of st_mode) of each entry, from one getdents pass."""
-        fd = os.open(_rel(path), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=self.root_fd)
+        fd = self.open(path, os.O_RDONLY | os.O_DIRECTORY)
         out = []
         try:
             with os.scandir(fd) as it:
@@ -280,44 +320,71 @@ class OsBackingStore:
             os.close(fd)
         return out
 
+    def _one(self, path: str, fn, *args, **kw):  # type: ignore[no-untyped-def]
+        """``fn(name, *args, dir_fd=fd, **kw)`` with ``path`` resolved by :meth:`_at`."""
+        d, rel, own = self._at(path)
+        try:
+            return fn(rel, *args, dir_fd=d, **kw)
+        finally:
+            if own:
+                os.close(d)
+
+    def _two(self, src: str, dst: str, fn, **kw):  # type: ignore[no-untyped-def]
+        d1, r1, o1 = self._at(src)
+        try:
+            d2, r2, o2 = self._at(dst)
+            try:
+                return fn(r1, r2, src_dir_fd=d1, dst_dir_fd=d2, **kw)
+            finally:
+                if o2:
+                    os.close(d2)
+        finally:
+            if o1:
+                os.close(d1)
+
     def mkdir(self, path: str, mode: int = 0o755) -> None:
-        os.mkdir(path, mode, dir_fd=self.root_fd)
+        self._one(path, os.mkdir, mode)
 
     def rmdir(self, path: str) -> None:
-        os.rmdir(path, dir_fd=self.root_fd)
+        self._one(path, os.rmdir)
 
     def unlink(self, path: str) -> None:
-        os.unlink(path, dir_fd=self.root_fd)
+        self._one(path, os.unlink)
 
     def rename(self, src: str, dst: str) -> None:
-        os.rename(src, dst, src_dir_fd=self.root_fd, dst_dir_fd=self.root_fd)
+        self._two(src, dst, os.rename)
 
     def link(self, src: str, dst: str) -> None:
         """Hard link (kept generations, generations.py)."""
-        os.link(src, dst, src_dir_fd=self.root_fd, dst_dir_fd=self.root_fd, follow_symlinks=False)
+        self._two(src, dst, os.link, follow_symlinks=False)
 
     def symlink(self, target: str, path: str) -> None:
-        os.symlink(target, path, dir_fd=self.root_fd)
+        d, rel, own = self._at(path)
+        try:
+            os.symlink(target, rel, dir_fd=d)
+        finally:
+            if own:
+                os.close(d)
 
     def mknod(self, path: str, mode: int, dev: int = 0) -> None:
         """A fifo, socket or device node (mode carries the type bits)."""
-        os.mknod(path, mode, dev, dir_fd=self.root_fd)
+        self._one(path, os.mknod, mode, dev)
 
     def readlink(self, path: str) -> str:
-        return os.readlink(path, dir_fd=self.root_fd)
+        return self._one(path, os.readlink)
 
     def fsync_dir(self, path: str) -> None:
-        fd = os.open(_rel(path), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=self.root_fd)
+        fd = self.open(path, os.O_RDONLY | os.O_DIRECTORY)
         try:
             durable_sync(fd)
         finally:
             os.close(fd)
 
     def chmod(self, path: str, mode: int) -> None:
-        os.chmod(_rel(path), mode, dir_fd=self.root_fd)
+        self._one(path, os.chmod, mode)
 
     def chown(self, path: str, uid: int, gid: int) -> None:
-        os.chown(_rel(path), uid, gid, dir_fd=self.root_fd, follow_symlinks=False)
+        self._one(path, os.chown, uid, gid, follow_symlinks=False)
 
     def fchown(self, fd: int, uid: int, gid: int) -> None:
         os.fchown(fd, uid, gid)
@@ -327,16 +394,16 @@ class OsBackingStore:
 
     def utime(self, path: str, ns: tuple[int, int] | None) -> None:
         if ns is None:
-            os.utime(_rel(path), dir_fd=self.root_fd, follow_symlinks=False)
+            self._one(path, os.utime, follow_symlinks=False)
         else:
-            os.utime(_rel(path), ns=ns, dir_fd=self.root_fd, follow_symlinks=False)
+            self._one(path, os.utime, ns=ns, follow_symlinks=False)
 
     def statvfs(self) -> os.statvfs_result:
         return os.fstatvfs(self.root_fd)
 
     # -- xattrs (fd based: works under an in-place mount, no /proc needed) --
     def _xattr_fd(self, path: str) -> int:
-        return os.open(_rel(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=self.root_fd)
+        return self.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
 
     def _xattr_call(self, path: str, fn, *args):  # type: ignore[no-untyped-def]
         """Run an xattr call on ``path``: through an fd for files and directories; for what cannot be
@@ -349,7 +416,12 @@ class OsBackingStore:
         if st is not None and (st.st_mode & 0o170000) not in (0o100000, 0o040000):
             if not sys.platform.startswith("linux"):
                 raise OSError(errno.ENOTSUP, "xattrs on special files unsupported here")
-            return fn(f"/proc/self/fd/{self.root_fd}/{_rel(path)}", *args, follow_symlinks=False)
+            d, rel, own = self._at(path)
+            try:
+                return fn(f"/proc/self/fd/{d}/{rel}", *args, follow_symlinks=False)
+            finally:
+                if own:
+                    os.close(d)
         fd = self._xattr_fd(path)
         try:
             return fn(fd, *args)

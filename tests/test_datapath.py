@@ -153,3 +153,47 @@ def test_fallocate_modes_apply_to_the_staged_copy(tmp_path: Path, name: str) -> 
     assert (d / name).read_bytes() == want
     r = _offline_verify(d)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.portable
+def test_paths_longer_than_path_max_from_the_mount_root(tmp_path: Path) -> None:
+    """A process working in a deep subdirectory uses paths that natively only need to fit PATH_MAX
+    from its cwd; from the mount root they are longer (pjdfstest's */03.t in a subdirectory was
+    ENAMETOOLONG): every namespace and data call works there, as natively."""
+    d = tmp_path / "ckpts"
+    d.mkdir()
+
+    def work(root: Path) -> list:
+        here = os.getcwd()
+        try:
+            os.chdir(root)
+            for i in range(24):  # 24 x 201 bytes below the root: ~4.8 KiB, past PATH_MAX (4096)
+                name = f"{i:02d}" + "d" * 199
+                os.mkdir(name)
+                os.chdir(name)
+            Path("model.pt").write_bytes(b"\0" * 10)
+            with open("a.txt", "w") as f:
+                f.write("hello")
+            os.rename("a.txt", "b.txt")
+            os.symlink("b.txt", "l")
+            os.link("b.txt", "h.txt")
+            os.chmod("b.txt", 0o600)
+            os.utime("b.txt", ns=(10**18, 10**18))
+            os.setxattr("b.txt", "user.k", b"v")
+            out = [sorted(os.listdir(".")), Path("b.txt").read_text(), os.readlink("l"),
+                   os.stat("b.txt").st_mode & 0o777, os.stat("h.txt").st_nlink, os.getxattr("b.txt", "user.k"),
+                   os.stat("b.txt").st_mtime_ns]
+            os.unlink("h.txt")
+            os.unlink("l")
+            os.mkdir("sub")
+            os.rmdir("sub")
+            out.append(sorted(os.listdir(".")))
+            return out
+        finally:
+            os.chdir(here)
+
+    native = tmp_path / "native"
+    native.mkdir()
+    want = work(native)
+    with Mount(d).start():
+        assert work(d) == want

@@ -43,7 +43,7 @@ from ckptfs.backing import BackingStore
 from ckptfs.engine.staged import COMMITTING, DISCARDED, INSTALLED, OPEN, QUEUED, Version
 from ckptfs.hashing import digest_fd
 from ckptfs.inodes import InodeMap
-from ckptfs.latency import SLOW_FACTOR, CommitTimes
+from ckptfs.latency import CommitTimes, SlowLog
 from ckptfs.layout import parent
 from ckptfs.log.journal import Journal
 from ckptfs.records import XATTR, FileRecord, to_xattr
@@ -118,6 +118,7 @@ class CommitEngine:
         # CKPTFS_CARRY_RECORDS=0: never, for tests of the journaled path, crashpoints.POINT_ENV)
         self.carry = os.environ.get("CKPTFS_CARRY_RECORDS", "1") != "0"
         self.times = CommitTimes()  # seal + install durations, the slow-persist alert (latency.py)
+        self.slow_log = SlowLog()  # what the log says of them (latency.py)
 
     # ------------------------------------------------------------ tables
     def unlist(self, v: Version) -> bool:
@@ -343,10 +344,12 @@ class CommitEngine:
             v.error = e
             raise
         crashpoints.hit("dir_synced")
-        if self.times.observe(v.seal_seconds + time.monotonic() - t0, rec.size):
+        took = v.seal_seconds + time.monotonic() - t0
+        if self.times.observe(took, rec.size):
             self.stats["slow_commits"] += 1
-            log.warning("slow commit: %s (%d bytes) took %.3f s, more than %.0fx what this disk's recent "
-                        "commits predict", v.path, rec.size, v.seal_seconds + time.monotonic() - t0, SLOW_FACTOR)
+            said = self.slow_log.note(v.path, rec.size, took)
+            if said is not None:
+                (log.warning if said[0] == "warning" else log.info)("%s", said[1])
         if mark is None:
             self.log_done(dict(entry, done=True))
         self.installed(v, rec, keep)
