@@ -1073,6 +1073,31 @@ class CkptFS:
             raise refused[0]
         self.stats["fallocates"] += 1
 
+    def fileattr(self, fh: int | None, cmd: int, size: int, path: str | None = None) -> bytes:
+        """The answer of the backing file's own ioctl ``cmd`` (``FS_IOC_GETFLAGS`` or
+        ``FS_IOC_FSGETXATTR``: read-only inode flags) for open handle ``fh`` (or directory ``path``),
+        ``size`` bytes."""
+        import fcntl
+
+        if path is not None:
+            path = self.norm(path)
+            self._check_visible(path)
+            fd = self.store.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            try:
+                buf = bytearray(max(size, 4))
+                fcntl.ioctl(fd, cmd, buf)
+                return bytes(buf[:size])
+            finally:
+                self.store.close(fd)
+        with self.lock:
+            h = self.handles.get(fh)
+            fd = None if h is None else (h.version.fd if h.version is not None and h.version.fd >= 0 else h.fd)
+            if fd is None:
+                raise _err(errno.EBADF)
+            buf = bytearray(max(size, 4))
+            fcntl.ioctl(fd, cmd, buf)
+        return bytes(buf[:size])
+
     def _truncate_handle(self, h: Handle, length: int, caller: Caller) -> None:
         v = h.version
         if (h.writable and v is not None and v.bypassed and v.state != staged.OPEN

@@ -197,3 +197,34 @@ def test_paths_longer_than_path_max_from_the_mount_root(tmp_path: Path) -> None:
     want = work(native)
     with Mount(d).start():
         assert work(d) == want
+
+
+def test_inode_flags_read_as_on_the_backing_file(tmp_path: Path) -> None:
+    """``lsattr`` (FS_IOC_GETFLAGS) and FS_IOC_FSGETXATTR through the mount answer what the backing
+    file's own ioctl does (they were ENOTTY); other ioctls stay ENOTTY.  Native transport: libfuse's
+    high-level API (mfusepy) has no ioctl here."""
+    import fcntl
+    import struct
+
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    (d / "model.pt").write_bytes(b"\0" * 100)
+    (d / "sub").mkdir()
+    want = {}
+    for name in ("model.pt", "sub"):
+        fd = os.open(d / name, os.O_RDONLY)
+        try:
+            want[name] = (fcntl.ioctl(fd, 0x80086601, b"\0" * 4), fcntl.ioctl(fd, 0x801C581F, b"\0" * 28))
+        finally:
+            os.close(fd)
+    with Mount(d).start():
+        for name in ("model.pt", "sub"):
+            fd = os.open(d / name, os.O_RDONLY)
+            try:
+                got = (fcntl.ioctl(fd, 0x80086601, b"\0" * 4), fcntl.ioctl(fd, 0x801C581F, b"\0" * 28))
+                assert got == want[name], name
+                assert struct.unpack("<I", got[0])[0] & 0x80000  # ext4's extents flag, as lsattr shows 'e'
+            finally:
+                os.close(fd)
+        r = subprocess.run(["lsattr", str(d / "model.pt")], capture_output=True, text=True)
+        assert r.returncode == 0 and r.stdout.split()[0].count("e") == 1, r.stdout + r.stderr

@@ -461,7 +461,18 @@ class Ops:
         return b""
 
     def ioctl(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
-        raise OSError(errno.ENOTTY, "no ioctls")  # isatty() in every Python open(): answered at once
+        """The inode flags (``lsattr``, ``FS_IOC_GETFLAGS``) and ``FS_IOC_FSGETXATTR``, which the kernel
+        asks through FUSE_IOCTL (``fuse_fileattr_get``), answered from the backing file as ext4
+        does; everything else ENOTTY (isatty() in every Python open(): answered at once; setting
+        flags: docs/design.md, "What the kernel refuses")."""
+        fh, _flags, cmd, _arg, _in, out_size = k.IOCTL_IN.unpack_from(body)
+        if cmd & 0xFFFFFFFF in (k.FS_IOC_GETFLAGS, k.FS_IOC_FSGETXATTR):
+            dpath = self.dir_path.get(fh)  # an OPENDIR handle (lsattr -d): by the directory's path
+            if dpath is not None and (node is None or node.path != dpath):
+                dpath = None  # a file handle with the same number
+            data = self.fs.fileattr(fh, cmd, out_size, dpath)
+            return k.IOCTL_OUT.pack(0, 0, 0, 0) + data
+        raise OSError(errno.ENOTTY, "no such ioctl")
 
     def statfs(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
         s = self.fs.statfs()
