@@ -58,6 +58,26 @@ def _load_fallocate():  # type: ignore[no-untyped-def]
 _fallocate = _load_fallocate()
 
 
+def _load_renameat2():  # type: ignore[no-untyped-def]
+    """libc's renameat2(2) (RENAME_EXCHANGE); None off Linux or before glibc 2.28."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+    import ctypes.util
+
+    try:
+        f = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return None
+    f.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    f.restype = ctypes.c_int
+    return f
+
+
+_renameat2 = _load_renameat2()
+RENAME_EXCHANGE = 2
+
+
 def _rel(path: str) -> str:
     return path if path else "."
 
@@ -110,6 +130,7 @@ class BackingStore(Protocol):
     def rmdir(self, path: str) -> None: ...
     def unlink(self, path: str) -> None: ...
     def rename(self, src: str, dst: str) -> None: ...
+    def exchange(self, a: str, b: str) -> None: ...
     def link(self, src: str, dst: str) -> None: ...
     def symlink(self, target: str, path: str) -> None: ...
     def mknod(self, path: str, mode: int, dev: int = 0) -> None: ...
@@ -353,6 +374,21 @@ class OsBackingStore:
 
     def rename(self, src: str, dst: str) -> None:
         self._two(src, dst, os.rename)
+
+    def exchange(self, a: str, b: str) -> None:
+        """``renameat2(a, b, RENAME_EXCHANGE)``: both names swap their files atomically."""
+        if _renameat2 is None:
+            raise OSError(errno.EINVAL, "RENAME_EXCHANGE needs Linux")
+        import ctypes
+
+        def call(r1: str, r2: str, src_dir_fd: int, dst_dir_fd: int) -> None:
+            enc = "utf-8"
+            if _renameat2(src_dir_fd, r1.encode(enc, "surrogateescape"), dst_dir_fd,
+                          r2.encode(enc, "surrogateescape"), RENAME_EXCHANGE) != 0:
+                e = ctypes.get_errno()
+                raise OSError(e, os.strerror(e))
+
+        self._two(a, b, call)
 
     def link(self, src: str, dst: str) -> None:
         """Hard link (kept generations, generations.py)."""

@@ -50,7 +50,7 @@ from ckptfs.engine.staged import NOBODY, Caller, Handle, Staging, Version
 from ckptfs.engine.visibility import Visibility
 from ckptfs.inodes import InodeMap
 from ckptfs.integrity.reads import Integrity
-from ckptfs.layout import COMMITTED_VIEW, move_prefix, parent
+from ckptfs.layout import COMMITTED_VIEW, move_prefix, parent, swap_prefix
 from ckptfs.log.journal import COMPACT_EVERY, Journal
 from ckptfs.records import FileRecord
 from ckptfs.recovery import recover
@@ -121,6 +121,7 @@ def reserved(path: str) -> bool:
     return is_meta(path) or is_view(path)
 
 
+RENAME_EXCHANGE = 2
 REPLACED_KEPT = 1024  # T6: how many renamed-over hidden names keep their attributes
 READER_DRAIN_SECONDS = 2.0  # how long an O_TRUNC rewrite of a checkpoint file waits for cached readers
 
@@ -1465,7 +1466,9 @@ class CkptFS:
             raise _err(errno.EROFS)
         if is_meta(new) or new == "":
             raise _err(errno.EACCES)
-        if flags & ~1:  # only RENAME_NOREPLACE
+        if flags & RENAME_EXCHANGE and not flags & ~RENAME_EXCHANGE:
+            return self._exchange(old, new, caller)
+        if flags & ~1:  # RENAME_NOREPLACE; RENAME_WHITEOUT is overlayfs's own (docs/design.md)
             raise _err(errno.EINVAL)
         if new == old:
             return
@@ -1545,6 +1548,45 @@ class CkptFS:
             if on_disk:
                 self.events.emit(events.RENAMED, old, dst=new)
                 self.grp.after_rename(old, new, is_dir, caller.pid)
+
+    def _exchange(self, a: str, b: str, caller: Caller) -> None:
+        """``renameat2(a, b, RENAME_EXCHANGE)``: the two names swap their files (or trees) in one
+        atomic step, journaled as ``exchange`` (recovery redoes it only while ``a`` still holds the
+        inode it held before).  Records, kept generations, groups, open versions and handles swap
+        with them.  A name that exists only as a version being written (never installed) is EBUSY:
+        there is nothing on disk to swap yet."""
+        if a == b:
+            self._check_visible(a)
+            if not self._lexists(a):
+                raise _err(errno.ENOENT)
+            return
+        if a.startswith(b + "/") or b.startswith(a + "/"):
+            raise _err(errno.EINVAL)
+        self.commit.barrier()
+        with self.commit_lock:
+            for p in (a, b):
+                if not self.store.exists(p):
+                    raise _err(errno.EBUSY if self._lexists(p) else errno.ENOENT)
+            sa = self.store.lstat(a)
+            entry = {"op": "exchange", "src": a, "dst": b, "ino": sa.st_ino}
+            self.commit.ns_op(entry, lambda: self.store.exchange(a, b), [parent(a), parent(b)])
+            self.grp.exchanged(a, b)
+            with self.lock:
+                swap_prefix(self.records, a, b)
+                self.gens.on_exchange(a, b)
+                for table in (self.pending, self.queued):
+                    swap_prefix(table, a, b)
+                    for p, v in table.items():
+                        v.path = p
+                for h in self.handles.values():
+                    for x, y in ((a, b), (b, a)):
+                        if h.path == x or h.path.startswith(x + "/"):
+                            h.path = y + h.path[len(x):]
+                            break
+                swap_prefix(self.hidden, a, b)
+                self.ns_seq += 1
+            self.events.emit(events.RENAMED, a, dst=b)
+            self.events.emit(events.RENAMED, b, dst=a)
 
     # ------------------------------------------------------------ attributes
     def _attr_target(self, path: str) -> str:

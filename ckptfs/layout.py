@@ -67,6 +67,17 @@ def move_prefix(mapping: dict, src: str, dst: str) -> None:
         mapping[dst + key[len(src) :]] = mapping.pop(key)
 
 
+def swap_prefix(mapping: dict, a: str, b: str) -> None:
+    """Exchange key ``a`` (and every key under ``a/``) with key ``b`` (and those under ``b/``):
+    ``rename(a, b, RENAME_EXCHANGE)``.  Neither may lie under the other."""
+    under_a = {k: mapping.pop(k) for k in [k for k in mapping if k == a or k.startswith(a + "/")]}
+    under_b = {k: mapping.pop(k) for k in [k for k in mapping if k == b or k.startswith(b + "/")]}
+    for k, v in under_a.items():
+        mapping[b + k[len(a):]] = v
+    for k, v in under_b.items():
+        mapping[a + k[len(b):]] = v
+
+
 def drop_prefix(mapping: dict, path: str) -> list:
     """Remove key ``path`` and every key under ``path/``; the removed values."""
     pre = path + "/"

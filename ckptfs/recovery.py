@@ -325,6 +325,17 @@ def finish_inflight(store: BackingStore, e: dict) -> bool:
             store.fsync_dir(parent(dst))
             store.fsync_dir(parent(src))
         return True
+    if op == "exchange":
+        # redone only while ``src`` still holds the inode it held before (``ino``): once swapped,
+        # another exchange would swap the names back
+        try:
+            if store.lstat(e["src"]).st_ino == e["ino"] and store.exists(e["dst"]):
+                store.exchange(e["src"], e["dst"])
+                store.fsync_dir(parent(e["dst"]))
+                store.fsync_dir(parent(e["src"]))
+        except FileNotFoundError:
+            pass
+        return True
     if op == "mkdir":
         if not store.exists(e["path"]):
             store.mkdir(e["path"], int(e.get("mode", 0o755)))

@@ -16,8 +16,8 @@ from ckptfs.backing import BackingStore
 
 #: operations that change or persist backing state (where an error matters)
 MUTATING = ("open", "pwrite", "ftruncate", "fallocate", "fsync", "fdatasync", "copy_range", "mkdir", "rmdir",
-            "unlink", "rename", "link", "symlink", "mknod", "fsync_dir", "chmod", "chown", "fchown", "fchmod",
-            "utime", "setxattr", "fsetxattr")
+            "unlink", "rename", "exchange", "link", "symlink", "mknod", "fsync_dir", "chmod", "chown", "fchown",
+            "fchmod", "utime", "setxattr", "fsetxattr")
 
 
 class FaultyStore:

@@ -228,3 +228,45 @@ def test_inode_flags_read_as_on_the_backing_file(tmp_path: Path) -> None:
                 os.close(fd)
         r = subprocess.run(["lsattr", str(d / "model.pt")], capture_output=True, text=True)
         assert r.returncode == 0 and r.stdout.split()[0].count("e") == 1, r.stdout + r.stderr
+
+
+def _renameat2(a: Path, b: Path, flags: int) -> None:
+    import ctypes
+
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    if libc.renameat2(-100, str(a).encode(), -100, str(b).encode(), flags) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+
+
+@pytest.mark.portable
+def test_rename_exchange_swaps_files_and_trees(tmp_path: Path) -> None:
+    """``renameat2(RENAME_EXCHANGE)`` (was EINVAL): files, a file with a directory, checkpoint files
+    with their records; the result verifies offline and survives a remount.  RENAME_NOREPLACE is
+    EEXIST over an existing name, as natively."""
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    with Mount(d).start():
+        (d / "a.txt").write_text("A")
+        (d / "b.txt").write_text("B")
+        (d / "step_1").mkdir()
+        (d / "step_1" / "model.pt").write_bytes(b"\0" * 64)
+        (d / "dir").mkdir()
+        (d / "dir" / "x").write_text("X")
+        _renameat2(d / "a.txt", d / "b.txt", 2)
+        assert (d / "a.txt").read_text() == "B" and (d / "b.txt").read_text() == "A"
+        _renameat2(d / "a.txt", d / "dir", 2)  # a file and a directory swap too
+        assert (d / "dir").read_text() == "B" and (d / "a.txt" / "x").read_text() == "X"
+        ino = os.stat(d / "step_1" / "model.pt").st_ino
+        _renameat2(d / "step_1" / "model.pt", d / "b.txt", 2)
+        assert os.stat(d / "b.txt").st_ino == ino and (d / "step_1" / "model.pt").read_text() == "A"
+        assert os.getxattr(d / "b.txt", "user.ckptfs.status") == b"committed"
+        with pytest.raises(FileNotFoundError):
+            _renameat2(d / "nothing", d / "b.txt", 2)
+        with pytest.raises(FileExistsError):
+            _renameat2(d / "dir", d / "b.txt", 1)
+    r = _offline_verify(d)
+    assert r.returncode == 0, r.stdout + r.stderr
+    with Mount(d).start():
+        assert (d / "dir").read_text() == "B" and (d / "a.txt" / "x").read_text() == "X"
+        assert (d / "b.txt").read_bytes() == b"\0" * 64 and (d / "step_1" / "model.pt").read_text() == "A"

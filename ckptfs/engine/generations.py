@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from ckptfs import META_DIR
 from ckptfs.backing import BackingStore
-from ckptfs.layout import GEN_DIR
+from ckptfs.layout import GEN_DIR, swap_prefix
 from ckptfs.records import FileRecord
 
 log = logging.getLogger("ckptfs.generations")
@@ -98,6 +98,8 @@ def apply_gen_entry(table: dict[str, list[dict]], e: dict) -> None:
     elif op == "rename":
         _drop_prefix(table, e["dst"])
         _move_prefix(table, e["src"], e["dst"])
+    elif op == "exchange":
+        swap_prefix(table, e["src"], e["dst"])
 
 
 def reconcile(store: BackingStore, raw: dict) -> tuple[dict[str, list[GenEntry]], list[str]]:
@@ -224,6 +226,11 @@ class Generations:
         for g in _drop_prefix(self.table, new):
             self._remove(g)
         _move_prefix(self.table, old, new)
+
+
+    def on_exchange(self, a: str, b: str) -> None:
+        """``rename(a, b, RENAME_EXCHANGE)``: each name keeps the history of the file it now holds."""
+        swap_prefix(self.table, a, b)
 
 
 def link_for_recovery(store: BackingStore, path: str, keep: dict) -> None:

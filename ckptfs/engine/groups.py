@@ -917,6 +917,11 @@ class GroupEngine:
         with self.lock:
             apply_group_entry({}, self.groups, {"op": "rename", "src": old, "dst": new})
 
+    def exchanged(self, a: str, b: str) -> None:
+        """Groups at or under ``a`` and ``b`` swapped places (``RENAME_EXCHANGE``)."""
+        with self.lock:
+            apply_group_entry({}, self.groups, {"op": "exchange", "src": a, "dst": b})
+
     def after_rename(self, old: str, new: str, is_dir: bool, pid: int) -> None:
         """Completion events carried by a rename (commit_lock held)."""
         if is_dir:

@@ -25,7 +25,7 @@ from ckptfs.engine.generations import apply_gen_entry
 from ckptfs.engine.rollback import OP as ROLLBACK
 from ckptfs.engine.rollback import apply_rollback_state
 from ckptfs.engine.seals import OPEN, SEALED, TRASHED, GroupState
-from ckptfs.layout import drop_prefix, move_prefix
+from ckptfs.layout import drop_prefix, move_prefix, swap_prefix
 from ckptfs.log.metadata import Loaded
 from ckptfs.records import FileRecord
 
@@ -103,6 +103,8 @@ def apply_entry(files: dict[str, FileRecord], e: dict, groups: dict[str, GroupSt
     elif op == "rename":
         drop_prefix(files, e["dst"])
         move_prefix(files, e["src"], e["dst"])
+    elif op == "exchange":
+        swap_prefix(files, e["src"], e["dst"])
     elif op in ("symlink", "mknod"):
         files.pop(e["path"], None)
     elif op == "link":
@@ -160,12 +162,15 @@ def apply_group_entry(files: dict[str, FileRecord], groups: dict[str, GroupState
         if g is not None:
             g.state, g.moved_to = TRASHED, e["to"]
             g.reason = "deleted while a newer group was still open"
-    elif op == "rename":
+    elif op in ("rename", "exchange"):
         live = {k: v for k, v in groups.items() if v.state in (OPEN, SEALED)}
         for k in live:
             del groups[k]
-        drop_prefix(live, e["dst"])
-        move_prefix(live, e["src"], e["dst"])
+        if op == "exchange":
+            swap_prefix(live, e["src"], e["dst"])
+        else:
+            drop_prefix(live, e["dst"])
+            move_prefix(live, e["src"], e["dst"])
         for k, g in live.items():
             g.path = k
             groups[k] = g
