@@ -305,7 +305,7 @@ class CkptFS:
         if path in self.arriving:
             return True
         v = self._visible(path)
-        return (v is not None and v.state == staged.OPEN and not v.appending
+        return (v is not None and v.state == staged.OPEN and not v.appending and not v.in_place
                 and self.vis.checkpoint_file(v.path))
 
     def isolates(self, path: str) -> bool:
@@ -330,6 +330,11 @@ class CkptFS:
             return True
         with self.lock:
             if path in self.pending or path in self.queued:
+                return True
+            if attr and any(h.writable and h.path == path for h in self.handles.values()):
+                # open for writing, not written yet: its first write makes a version others are
+                # isolated from (V1), and attributes cached now would outlive that (fsx -c 50 beside
+                # a reader: a stale i_size for the writer's own lseek)
                 return True
         p = path
         while True:
@@ -663,6 +668,9 @@ class CkptFS:
                 h = self.handles.get(fh)
                 fd = None if h is None else (h.version.fd if h.version is not None and h.version.fd >= 0
                                              else h.fd)
+                if h is not None and h.version is None and fd is not None:
+                    v = self._in_place(h)
+                    fd = v.fd if v is not None else fd
                 if fd is not None:
                     return self._st(self.store.fstat(fd))
         if path in self.hidden or path in self.replaced:
@@ -976,16 +984,32 @@ class CkptFS:
                 nv.refs = nv.writers = 1
                 nv.writer_pids.add(caller.pid)
                 nv.appending = h.appending
+                nv.in_place = True
                 h.version = nv
             self.commit.close_quiet(old_fd)
             return nv
 
     # ------------------------------------------------------------- data I/O
+    def _in_place(self, h: Handle) -> Version | None:
+        """The in-place version now open at ``h``'s path that a read-only handle of the committed file
+        reads instead (``Version.in_place``): natively both are one inode, and on the native
+        transport one kernel inode's page cache and size serve both (fsx reopening its file beside a
+        reader read back the committed bytes: "READ BAD DATA", issue 24)."""
+        if not self.pending:
+            return None
+        v = self.pending.get(h.path)
+        return v if v is not None and v.in_place and v.state == staged.OPEN and v.fd >= 0 else None
+
     def read(self, fh: int, size: int, offset: int) -> bytes:
         h = self._handle(fh)
         if h.version is not None:
             return self.store.pread(h.version.fd, size, offset)
         assert h.fd is not None
+        v = self._in_place(h)
+        if v is not None:
+            with v.lock:
+                if v.state == staged.OPEN:
+                    return self.store.pread(v.fd, size, offset)
         return self.integrity.read(h.fd, size, offset)  # verified chunks only
 
     def read_into(self, fh: int, buf: memoryview, offset: int) -> int:
@@ -994,6 +1018,11 @@ class CkptFS:
         if h.version is not None:
             return self.store.preadinto(h.version.fd, buf, offset)
         assert h.fd is not None
+        v = self._in_place(h)
+        if v is not None:
+            with v.lock:
+                if v.state == staged.OPEN:
+                    return self.store.preadinto(v.fd, buf, offset)
         return self.integrity.read_into(h.fd, buf, offset)  # verified chunks only
 
     def write(self, fh: int, data: bytes, offset: int, caller: Caller = NOBODY) -> int:

@@ -75,6 +75,10 @@ class Version:
     hinted: int = 0  # bypassed: bytes from offset 0 whose writeback was started (the facade's pacer)
     seal_seconds: float = 0.0  # how long its seal took (hashing, format check): part of its commit time
     keep_prev: bool = True  # False: the file it replaces is no generation to keep (written in place, W2)
+    # made by a write through an open that neither created nor truncated the file (copy-on-write of
+    # the committed file, ``CkptFS._writable_version``): an in-place change, which every process
+    # sees as natively (never isolated, V1), read-only handles of the file included (issue 24)
+    in_place: bool = False
 
 
 @dataclass(eq=False)

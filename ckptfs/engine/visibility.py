@@ -80,7 +80,7 @@ class Visibility:
     def isolated(self, v: Version, caller: Caller) -> bool:
         """Whether ``caller`` must not see version ``v`` (V1): v is still being written, it is a
         checkpoint file, not opened for append, and the caller is not its writer."""
-        if v.state != OPEN or v.appending or caller is NOBODY or caller.pid <= 0:
+        if v.state != OPEN or v.appending or v.in_place or caller is NOBODY or caller.pid <= 0:
             return False
         if caller.pid in v.writer_pids or caller.pid in v.sees or not self.checkpoint_file(v.path):
             return False

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ckptfs.engine.staged import Caller
+from ckptfs.engine.staged import NOBODY, Caller
 from ckptfs.fs import CkptFS
 from ckptfs.fuse import kernel as k
 from ckptfs.fuse.nodes import Node, Nodes, join, split
@@ -168,6 +168,11 @@ class Ops:
             # fstat(2) sends no handle: an open file answers from it after its name went, and a
             # reader node for the version its readers opened (T5)
             fh_ = self.fh_of(node)
+        elif node is not None and fh_ is None and node.pt_key and node.pt_key[0] == "writer":
+            # a passthrough writer's node (P7) is its own: fstat answers from the file the kernel
+            # writes for it, which after a reseal (W2) is no longer the one at its path (fsx -y:
+            # truncate after fsync, then fstat gave the path's older size)
+            fh_ = node.pt_key[1]
         if (node is not None and node.replaced and node.gone_attr is not None and fh_ not in self.fs.handles
                 and (node.path is None or node.hidden)):
             # T6: renamed over and no longer open here: the file it was, unlinked (an fstat racing the
@@ -176,7 +181,15 @@ class Ops:
         if (node is None or node.path is None) and fh_ not in self.fs.handles:
             raise _gone(node)
         path = node.path if node is not None and node.path is not None else ""  # "": answered by fh_
-        st = self.fs.getattr(path, fh_, c)
+        asker = c
+        if node is not None and not node.reader and fh_ is None and path and self.fs.isolated(path, c):
+            # a process isolated from the version being written (V1) that still holds the writer's
+            # node (its lookup came before the write began): the kernel inode is the writer's, and
+            # the committed size in this reply would become the writer's i_size (fsx beside a
+            # reader: "Size error", SIGBUS on its mapping).  It is answered as the writer sees the
+            # file; its next lookup gives it the reader node (T5), its open is redirected there
+            asker = NOBODY
+        st = self.fs.getattr(path, fh_, asker)
         return self.attr(path, st, reader=node is not None and node.reader)
 
     def setattr(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
