@@ -76,8 +76,9 @@ class Version:
     seal_seconds: float = 0.0  # how long its seal took (hashing, format check): part of its commit time
     keep_prev: bool = True  # False: the file it replaces is no generation to keep (written in place, W2)
     # made by a write through an open that neither created nor truncated the file (copy-on-write of
-    # the committed file, ``CkptFS._writable_version``): an in-place change, which every process
-    # sees as natively (never isolated, V1), read-only handles of the file included (issue 24)
+    # the committed file, ``CkptFS._writable_version``) and not emptied since: an in-place change,
+    # which every process sees as natively (never isolated, V1), read-only handles of the file
+    # included (issue 24); a truncate to 0 makes it a rewrite like an O_TRUNC one
     in_place: bool = False
 
 
@@ -285,6 +286,8 @@ class Staging:
         def change(v: Version) -> None:
             if length < v.base:
                 v.extends = False  # committed bytes cut: all-or-nothing if its writer dies (V2)
+            if length == 0:
+                v.in_place = False  # emptied: a rewrite (``open(p, "r+b"); truncate(0)``), isolated (V1)
             self.store.ftruncate(v.fd, length)
             v.digest.truncated(length)
             v.size = length

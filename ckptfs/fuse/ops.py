@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ckptfs import procinfo
 from ckptfs.engine.staged import NOBODY, Caller
 from ckptfs.fs import CkptFS
 from ckptfs.fuse import kernel as k
@@ -119,6 +120,17 @@ class Ops:
         with self.lock:
             return next((fh for fh, m in self.fh_node.items() if m is node), None)
 
+    def _own_handle(self, node: Node, c: Caller) -> int | None:
+        """An open handle on ``node`` that the process of thread ``c.pid`` opened, if any."""
+        me = procinfo.tgid(c.pid) if c.pid > 0 else 0
+        with self.lock:
+            fhs = [fh for fh, m in self.fh_node.items() if m is node]
+        for fh in fhs:
+            h = self.fs.handles.get(fh)
+            if h is not None and h.pid > 0 and procinfo.tgid(h.pid) == me:
+                return fh
+        return None
+
     def child(self, node: Node | None, name: str) -> str:
         return join(self.path_of(node), name)
 
@@ -183,12 +195,20 @@ class Ops:
         path = node.path if node is not None and node.path is not None else ""  # "": answered by fh_
         asker = c
         if node is not None and not node.reader and fh_ is None and path and self.fs.isolated(path, c):
-            # a process isolated from the version being written (V1) that still holds the writer's
-            # node (its lookup came before the write began): the kernel inode is the writer's, and
+            # a process isolated from the version being written (V1) that still reaches the writer's
+            # node (its dentry came before the write began): the kernel inode is the writer's, and
             # the committed size in this reply would become the writer's i_size (fsx beside a
-            # reader: "Size error", SIGBUS on its mapping).  It is answered as the writer sees the
-            # file; its next lookup gives it the reader node (T5), its open is redirected there
-            asker = NOBODY
+            # reader: "Size error", SIGBUS on its mapping).  An fstat of its own open file answers
+            # from that file; a stat is answered ESTALE once, so the VFS looks the name up again
+            # and gets the reader node (T5, as an open is redirected); the VFS's repeat, if it lands
+            # here again, is answered as the writer sees the file
+            own = self._own_handle(node, c)
+            if own is not None:
+                fh_ = own
+            elif self._redirect(node, self._last_redirect(c), True, c):
+                raise OSError(errno.ESTALE, "isolated: look the name up again (reader node)")
+            else:
+                asker = NOBODY
         st = self.fs.getattr(path, fh_, asker)
         return self.attr(path, st, reader=node is not None and node.reader)
 
