@@ -629,8 +629,8 @@ class CkptFS:
         self.commit.stop()
         with self.commit_lock, self.lock:
             for h in list(self.handles.values()):
-                if h.fd is not None:
-                    self.store.close(h.fd)
+                for fd in ([h.fd] if h.fd is not None else []) + h.retired:
+                    self.store.close(fd)
             self.handles.clear()
             for v in list(self.pending.values()):
                 self.commit.discard(v, "filesystem unmounted while file open")
@@ -668,7 +668,7 @@ class CkptFS:
                 h = self.handles.get(fh)
                 fd = None if h is None else (h.version.fd if h.version is not None and h.version.fd >= 0
                                              else h.fd)
-                if h is not None and h.version is None and fd is not None:
+                if h is not None and fd is not None and (h.version is None or h.version.state != staged.OPEN):
                     v = self._in_place(h)
                     fd = v.fd if v is not None else fd
                 if fd is not None:
@@ -991,38 +991,47 @@ class CkptFS:
 
     # ------------------------------------------------------------- data I/O
     def _in_place(self, h: Handle) -> Version | None:
-        """The in-place version now open at ``h``'s path that a read-only handle of the committed file
-        reads instead (``Version.in_place``): natively both are one inode, and on the native
-        transport one kernel inode's page cache and size serve both (fsx reopening its file beside a
-        reader read back the committed bytes: "READ BAD DATA", issue 24)."""
-        if not self.pending:
+        """The in-place version now open at ``h``'s path that a read-only handle of an earlier version
+        (the committed file, or a version it joined that is installed since) reads instead
+        (``Version.in_place``): natively both are one inode, and on the native transport one kernel
+        inode's page cache and size serve both (fsx reopening its file beside a reader read back
+        older bytes, "READ BAD DATA", and its size: "Size error", SIGBUS; issue 24)."""
+        if not self.pending or h.writable:
             return None
         v = self.pending.get(h.path)
-        return v if v is not None and v.in_place and v.state == staged.OPEN and v.fd >= 0 else None
+        if v is None or v is h.version or not v.in_place or v.state != staged.OPEN or v.fd < 0:
+            return None
+        return v
 
     def read(self, fh: int, size: int, offset: int) -> bytes:
         h = self._handle(fh)
-        if h.version is not None:
-            return self.store.pread(h.version.fd, size, offset)
-        assert h.fd is not None
-        v = self._in_place(h)
+        v = h.version
+        if v is not None and (h.writable or v.state == staged.OPEN):
+            return self.store.pread(v.fd, size, offset)
+        iv = self._in_place(h)
+        if iv is not None:
+            with iv.lock:
+                if iv.state == staged.OPEN:
+                    return self.store.pread(iv.fd, size, offset)
         if v is not None:
-            with v.lock:
-                if v.state == staged.OPEN:
-                    return self.store.pread(v.fd, size, offset)
+            return self.store.pread(v.fd, size, offset)
+        assert h.fd is not None
         return self.integrity.read(h.fd, size, offset)  # verified chunks only
 
     def read_into(self, fh: int, buf: memoryview, offset: int) -> int:
         """``read`` straight into the caller's buffer (the FUSE reply buffer); the count."""
         h = self._handle(fh)
-        if h.version is not None:
-            return self.store.preadinto(h.version.fd, buf, offset)
-        assert h.fd is not None
-        v = self._in_place(h)
+        v = h.version
+        if v is not None and (h.writable or v.state == staged.OPEN):
+            return self.store.preadinto(v.fd, buf, offset)
+        iv = self._in_place(h)
+        if iv is not None:
+            with iv.lock:
+                if iv.state == staged.OPEN:
+                    return self.store.preadinto(iv.fd, buf, offset)
         if v is not None:
-            with v.lock:
-                if v.state == staged.OPEN:
-                    return self.store.preadinto(v.fd, buf, offset)
+            return self.store.preadinto(v.fd, buf, offset)
+        assert h.fd is not None
         return self.integrity.read_into(h.fd, buf, offset)  # verified chunks only
 
     def write(self, fh: int, data: bytes, offset: int, caller: Caller = NOBODY) -> int:
@@ -1103,6 +1112,24 @@ class CkptFS:
             raise refused[0]
         self.stats["fallocates"] += 1
 
+    def copy_range(self, fh_in: int, off_in: int, fh_out: int, off_out: int, length: int,
+                   caller: Caller = NOBODY) -> int:
+        """copy_file_range(2) from open handle ``fh_in`` to writable handle ``fh_out``: what
+        ``read`` of the source gives, written as ``write`` to the destination (its version,
+        copy-on-write), 1 MiB at a time; the count copied (short at the source's end).  At most
+        the kernel's 32-bit reply."""
+        length = min(length, (1 << 31) - (1 << 20))
+        done = 0
+        while done < length:
+            data = self.read(fh_in, min(1 << 20, length - done), off_in + done)
+            if not data:
+                break
+            n = self.write(fh_out, data, off_out + done, caller)
+            done += n
+            if n < len(data):
+                break
+        return done
+
     def fileattr(self, fh: int | None, cmd: int, size: int, path: str | None = None) -> bytes:
         """The answer of the backing file's own ioctl ``cmd`` (``FS_IOC_GETFLAGS`` or
         ``FS_IOC_FSGETXATTR``: read-only inode flags) for open handle ``fh`` (or directory ``path``),
@@ -1173,6 +1200,45 @@ class CkptFS:
             # version again at once, not only after the asynchronous release
             self.commit.unpublish(v)
             raise
+        if v.in_place and v.state == staged.INSTALLED:
+            self._follow_in_place(v)
+
+    def _follow_in_place(self, v: Version) -> None:
+        """An in-place version is installed: read-only handles of the file it changed read the
+        installed file from now on, as natively (one inode).  They read it through ``_in_place``
+        while it was open; left on the previous backing file they would serve its older bytes
+        and size to the kernel inode they share with the writer (fsx beside a reader: a short read
+        shrank the writer's i_size, then SIGBUS on its mapping, issue 24).  The old fd stays open
+        until the handle's release (a read may be using it now)."""
+        def earlier(h: Handle) -> bool:
+            if h.path != v.path or h.writable:
+                return False
+            if h.version is None:
+                return h.fd is not None
+            return h.version is not v and h.version.state != staged.OPEN
+
+        with self.lock:
+            hs = [h for h in self.handles.values() if earlier(h)]
+        for h in hs:
+            try:
+                fd, chk = self.integrity.open_committed(v.path, self.store.open(v.path, os.O_RDONLY))
+            except OSError:
+                continue
+            self.integrity.bind(fd, chk)
+            with self.lock:
+                if not earlier(h):
+                    old = fd
+                else:
+                    if h.version is not None:
+                        h.retired_versions.append(h.version)  # its reference is dropped at release
+                        h.version = None
+                    else:
+                        h.retired.append(h.fd)
+                    h.fd = fd
+                    old = -1
+            if old >= 0:
+                self.integrity.forget(old)
+                self.store.close(old)
 
     def fsync(self, fh: int, caller: Caller = NOBODY) -> None:
         h = self._handle(fh)
@@ -1233,6 +1299,11 @@ class CkptFS:
         if h.fd is not None:
             self.integrity.forget(h.fd)
             self.store.close(h.fd)
+        for fd in h.retired:
+            self.integrity.forget(fd)
+            self.store.close(fd)
+        for rv in h.retired_versions:
+            self._unref(rv)
         v = h.version
         if v is None:
             return

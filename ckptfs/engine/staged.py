@@ -92,6 +92,8 @@ class Handle:
     pid: int = 0  # the caller that opened it
     direct: bool = False  # bypasses the kernel page cache (fs.CkptFS.direct_io)
     published: bool = False  # this open made ``version`` (a create, an O_TRUNC): CkptFS.abandon undoes it
+    retired: list[int] = field(default_factory=list)  # fds it read before (CkptFS._follow_in_place), closed at release
+    retired_versions: list[Version] = field(default_factory=list)  # versions it read before: unref'd at release
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 

@@ -100,6 +100,7 @@ WRITE_OUT = struct.Struct("<II")
 STATFS_OUT = struct.Struct("<QQQQQIIII24x")  # blocks bfree bavail files ffree bsize namelen frsize padding spare
 FSYNC_IN = struct.Struct("<QII")  # fh fsync_flags padding
 FALLOCATE_IN = struct.Struct("<QQQII")  # fh offset length mode padding
+COPY_FILE_RANGE_IN = struct.Struct("<QQQQQQQ")  # fh_in off_in nodeid_out fh_out off_out len flags
 IOCTL_IN = struct.Struct("<QIIQII")  # fh flags cmd arg in_size out_size
 IOCTL_OUT = struct.Struct("<iIII")  # result flags in_iovs out_iovs
 FS_IOC_GETFLAGS, FS_IOC_FSGETXATTR = 0x80086601, 0x801C581F  # what fuse_fileattr_get asks (lsattr)

@@ -106,7 +106,7 @@ class Ops:
             k.GETXATTR: self.getxattr, k.LISTXATTR: self.listxattr, k.REMOVEXATTR: self.removexattr,
             k.FLUSH: self.flush, k.OPENDIR: self.opendir, k.READDIR: self.readdir,
             k.RELEASEDIR: self.releasedir, k.FSYNCDIR: self.fsyncdir, k.CREATE: self.create,
-            k.IOCTL: self.ioctl, k.FALLOCATE: self.fallocate,
+            k.IOCTL: self.ioctl, k.FALLOCATE: self.fallocate, k.COPY_FILE_RANGE: self.copy_file_range,
         }
 
     # ------------------------------------------------------------ helpers
@@ -492,6 +492,17 @@ class Ops:
         if node is not None:
             self.invalidate(node)  # a size or a hole the kernel's cached pages and size do not know
         return b""
+
+    def copy_file_range(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
+        """copy_file_range(2) between two open files of the mount, done by the daemon (reads of the
+        source handle, writes to the destination's version), so the kernel updates the
+        destination's size and drops its cached pages itself: ``cp`` and fsx's COPY op."""
+        fh_in, off_in, nodeid_out, fh_out, off_out, length, _flags = k.COPY_FILE_RANGE_IN.unpack_from(body)
+        done = self.fs.copy_range(fh_in, off_in, fh_out, off_out, length, c)
+        out = self.nodes.get(nodeid_out)
+        if out is not None:
+            self.invalidate(out)
+        return k.WRITE_OUT.pack(done, 0)
 
     def ioctl(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
         """The inode flags (``lsattr``, ``FS_IOC_GETFLAGS``) and ``FS_IOC_FSGETXATTR``, which the kernel
