@@ -236,3 +236,46 @@ def test_empty_dir_whose_maker_was_killed_is_torn(mnt: Mount) -> None:
     time.sleep(JUDGED)
     mnt.remount()
     assert sorted(os.listdir(mnt.path)) == ["step-7", "step-8"]
+
+
+KILLED_BETWEEN_FILES = r"""
+import os, sys, torch
+root, n_good, kill_after = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+for step in range(1, n_good + 2):
+    d = os.path.join(root, f"ckpt_{step}")
+    os.makedirs(d)
+    for name in ("model.pt", "optim.pt", "meta.pt"):
+        torch.save({"step": step, "name": name, "w": torch.ones(100) * step}, os.path.join(d, name))
+        if step == n_good + 1 and name == kill_after:
+            os.kill(os.getpid(), 9)  # between two files of the save: model.pt closed, optim.pt not begun
+"""
+
+
+@needs_exit_events
+@pytest.mark.parametrize("n_good", [0, 2], ids=["first-group", "later-group"])
+def test_a_writer_killed_between_two_files_leaves_its_group_torn(tmp_path: Path, n_good: int) -> None:
+    """Issue 25: ``mkdir ckpt_N; torch.save x3`` killed after model.pt closed and before optim.pt was
+    opened.  No file was open at the kill, and the layout seals on idle: it was sealed 30 s later as
+    good and every resume crashed (FileNotFoundError: optim.pt), the run's first group included.
+    The exit events say the writer died of SIGKILL: torn, hidden, never named by ``ckptfs latest``;
+    the complete groups before it seal on idle as before and stay (no good group hidden)."""
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    with Mount(d, extra_args=["--idle-seal", "1"]).start():
+        r = subprocess.run([sys.executable, "-c", KILLED_BETWEEN_FILES, str(d), str(n_good), "model.pt"],
+                           env=_env(), capture_output=True, text=True, timeout=120)
+        assert r.returncode == -9, r.stderr
+        time.sleep(JUDGED + 1.5)  # past the idle seal of the good ones and the judgement of the torn one
+        rows = {x["path"]: x for x in groups(d, d)}
+        torn = f"ckpt_{n_good + 1}"
+        assert rows[torn]["state"] == "torn" and "killed" in rows[torn]["reason"], rows
+        assert not (d / torn).exists()
+        for step in range(1, n_good + 1):
+            assert rows[f"ckpt_{step}"]["state"] == "sealed", rows
+            assert torch.load(d / f"ckpt_{step}" / "optim.pt")["step"] == step
+        latest = subprocess.run([sys.executable, "-m", "ckptfs", "latest", str(d)], env=_env(),
+                                capture_output=True, text=True)
+        if n_good:
+            assert latest.returncode == 0 and latest.stdout.strip().endswith(f"ckpt_{n_good}"), latest
+        else:
+            assert latest.returncode == 1 and latest.stdout.strip() == "", latest

@@ -194,7 +194,12 @@ class GroupEngine:
         self.journal.append(entry, sync=False)
         g = GroupState(path=d, rule=rule.name, id=gid, state=OPEN, created_at=now, step=step, tentative=tentative)
         if pid:
-            g.pids.append(procinfo.tgid(pid))
+            me = procinfo.tgid(pid)
+            g.pids.append(me)
+            d_parent = parent(d)
+            for s in self.groups.values():  # its writer is done with the older saves it made here
+                if s.state == OPEN and me in s.pids and parent(s.path) == d_parent and s.path != d:
+                    s.moved_on = True
         g.last_activity = now
         self.groups[d] = g
         self.stats["groups_opened"] += 1
@@ -517,6 +522,21 @@ class GroupEngine:
             return f"incomplete file refused: {p}: {why}"
         return ""
 
+    def _writer_failed(self, g: GroupState) -> str:
+        """Evidence from how g's writers ended (the kernel's exit events, ``exits.py``): one that was
+        killed by a signal or exited non-zero before g sealed left it torn, whether or not a file was
+        open at that moment (killed between two files of a step directory, issue 25: sealed on idle
+        and resumed into FileNotFoundError).  Empty when every writer exited 0 or nothing is known
+        (no exit events: the idle rule decides, as before)."""
+        w = exits.watcher()
+        if not w.available:
+            return ""
+        for p in g.pids:
+            why = exits.interrupted(w.wait_status(p, timeout=0.05))
+            if why:
+                return f"writer killed: pid {p} {why} before the group was sealed"
+        return ""
+
     def _expects_marker(self, g: GroupState) -> str:
         """A layout whose siblings were sealed by a completion marker: the marker this one waits for
         too, even where its own rule would idle-seal (the seed paper's COMMIT.json writer; a run whose
@@ -547,9 +567,14 @@ class GroupEngine:
             if not g.pids or any(procinfo.is_alive(p) for p in g.pids):
                 return False
             has_files = self._has_files(g)
-            if self._rule_of(g).idle_seal and not self._expects_marker(g) and (has_files or g.written):
-                return False  # idle-seal layouts: a finished save cannot be told from a killed one
-            if not has_files and not (g.late or g.manifest_blake3):
+            interrupted = "" if g.moved_on else self._writer_failed(g)
+            # (moved on: its writer began a newer sibling after it, so this save had finished; the
+            # kill came later, in the newer one)
+            if interrupted:
+                g.reason = interrupted
+            elif self._rule_of(g).idle_seal and not self._expects_marker(g) and (has_files or g.written):
+                return False  # idle-seal layouts: every writer exited 0 (or no exit events): sealed on idle
+            if not interrupted and not has_files and not (g.late or g.manifest_blake3):
                 self._release(g)
                 return False
             # (a sealed group whose re-save removed every file goes back to its seal or is torn below)

@@ -74,6 +74,7 @@ class GroupState:
     tentative: bool = False  # opened at mkdir of a directory a rule names, no evidence yet (issue 10)
     made_by_writer: bool = False  # tentative, made by a writer of a sibling group (live only)
     refused: dict[str, str] = field(default_factory=dict)  # incomplete files refused at close (live only)
+    moved_on: bool = False  # a writer of it began a newer sibling group afterwards (live only, issue 25)
 
     @property
     def order(self) -> tuple[int, float]:
@@ -84,7 +85,7 @@ class GroupState:
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         for live_only in ("pids", "seal_requested", "last_activity", "corrupt", "written", "made_by_writer",
-                          "refused"):
+                          "refused", "moved_on"):
             d.pop(live_only)
         return d
 
