@@ -171,6 +171,7 @@ class CkptFS:
         self.handles: dict[int, Handle] = {}
         self.inodes = InodeMap()  # the st_ino the mount reports (stable across versions)
         self.hidden: dict[str, str] = {}  # libfuse's .fuse_hidden name of an open, unlinked file -> its old path
+        self.mountpoint: str | None = None  # where it is mounted (absolute), set by the mount command
         # T6: hidden names of files renamed over -> their attributes then (bounded; oldest dropped).
         # A request still arriving on one after its last handle closed (the kernel's walk began before
         # the rename) is answered as natively: stat gets the file it was, open ESTALE (look again)
@@ -1186,6 +1187,14 @@ class CkptFS:
             # a child closing the copy of the writer's fd it inherited (fork + exec: close-on-exec; or
             # its exit, even by a signal): natively nothing happens to the file; the writer's close decides
             self.stats["inherited_flushes"] += 1
+            return
+        if (v.size == 0 and h.published and self.mountpoint and caller.pid > 0
+                and procinfo.holds_open(caller.pid, os.path.join(self.mountpoint, v.path))):
+            # a FLUSH is not the last close of the file description: a shell's ``echo done > COMMIT``
+            # dup2s the new fd to stdout and closes the original before writing (issue 25: an empty
+            # COMMIT sealed the group, its bytes came after, and the next mount quarantined it).
+            # Nothing written yet and the process still holds the file: its last close commits
+            self.stats["flushes_deferred"] += 1
             return
         sig = self.killing_signal(caller.pid)
         if sig and self.vis.keeps_prefix(v, self.store.pread(v.fd, 16, 0)):

@@ -176,3 +176,21 @@ def writers_under(directory: str) -> list[tuple[int, str, str]]:
                     comm = "?"
                 out.append((pid, comm, target))
     return out
+
+
+def holds_open(pid: int, path: str) -> bool:
+    """Whether the process of thread ``pid`` has a file descriptor open on ``path`` (an absolute
+    path as /proc/PID/fd shows it).  Read from the fd table's links, never by stat: the path may be
+    on the mount this daemon serves.  False where /proc cannot tell."""
+    t = tgid(pid)
+    try:
+        fds = os.listdir(f"/proc/{t}/fd")
+    except OSError:
+        return False
+    for fd in fds[:4096]:
+        try:
+            if os.readlink(f"/proc/{t}/fd/{fd}") == path:
+                return True
+        except OSError:
+            continue
+    return False

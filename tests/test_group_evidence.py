@@ -279,3 +279,34 @@ def test_a_writer_killed_between_two_files_leaves_its_group_torn(tmp_path: Path,
             assert latest.returncode == 0 and latest.stdout.strip().endswith(f"ckpt_{n_good}"), latest
         else:
             assert latest.returncode == 1 and latest.stdout.strip() == "", latest
+
+
+@pytest.mark.portable
+@pytest.mark.parametrize("marker", ["echo done > {d}/COMMIT", "printf ok > {d}/DONE", "touch {d}/DONE"],
+                         ids=["echo", "printf", "touch"])
+def test_a_marker_written_by_a_shell_seals_an_intact_group(tmp_path: Path, marker: str) -> None:
+    """Issue 25: bash opens COMMIT, dup2s it to stdout and closes the original fd before writing:
+    that close's FLUSH committed an empty COMMIT and sealed the group, ``done`` came after, and the
+    next mount quarantined the intact group (unmounted verify: "COMMIT: size 5, manifest says 0").
+    The FLUSH of an empty new file its process still holds open commits nothing; the last close does."""
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    with Mount(d, extra_args=["--idle-seal", "1"]).start():
+        subprocess.run(["bash", "-c", "mkdir step_1 && head -c 5000 /dev/urandom > step_1/data.bin && "
+                        + marker.format(d="step_1")], cwd=d, check=True)
+        want = (d / "step_1" / "data.bin").read_bytes()
+        time.sleep(JUDGED)
+        rows = {x["path"]: x for x in groups(d, d)}
+        assert rows["step_1"]["state"] == "sealed", rows
+        r = subprocess.run([sys.executable, "-m", "ckptfs", "verify", str(d)], env=_env(), capture_output=True,
+                           text=True)
+        assert r.returncode == 0, r.stdout + r.stderr
+    r = subprocess.run([sys.executable, "-m", "ckptfs", "verify", str(d)], env=_env(), capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr  # unmounted: the same verdict
+    with Mount(d).start():
+        rows = {x["path"]: x for x in groups(d, d)}
+        assert rows["step_1"]["state"] == "sealed", rows
+        assert (d / "step_1" / "data.bin").read_bytes() == want
+        name = "COMMIT" if "COMMIT" in marker else "DONE"
+        assert (d / "step_1" / name).read_bytes() == {"echo": b"done\n", "printf": b"ok", "touch": b""}[
+            marker.split()[0]]

@@ -194,6 +194,7 @@ def run_foreground(a: argparse.Namespace, d: str, backing: str) -> int:
                         backing_label=backing, rules=rules, seal_parts=a.node_part, **_integrity_kwargs(a))
         except CorruptMetadata as e:
             raise CliError(f"{backing}: {e}; run 'ckptfs recover --rebuild {backing}'", 1) from None
+        fs.mountpoint = os.path.realpath(d)
         log.info("ckptfs %s serving %s (backing %s, commit=%s)", __version__, d, backing, a.commit)
         if a.mirror:
             try:
