@@ -19,6 +19,7 @@ from __future__ import annotations
 import calendar
 import json
 import os
+import re
 import time
 from typing import Any
 
@@ -26,6 +27,7 @@ from ckptfs import META_DIR, offline
 from ckptfs.engine.seals import OPEN, SEALED
 from ckptfs.layout import parent
 from ckptfs.mounts import find_backing_root, find_mount_root
+from ckptfs.rules import CHECKPOINT_FILES
 from ckptfs.xattrs import PREFIX, X_ATTRS, X_GROUPS, X_STATUS
 
 __all__ = ["NotCkptfs", "status", "latest", "wait_sealed"]
@@ -93,10 +95,21 @@ def _epoch(iso: str | None) -> float:
         return 0.0
 
 
+_RESUMABLE = re.compile(CHECKPOINT_FILES, re.IGNORECASE)
+
+
+def resumable_file(name: str) -> bool:
+    """Whether a file named ``name`` is a checkpoint a trainer resumes from (``model.pt``,
+    ``epoch=3-step=100.ckpt``, ``x.safetensors``...): never a log, a pointer text (``latest``,
+    ``latest.txt``), JSON or a piece of a DCP save (``.metadata``)."""
+    return not name.startswith(".") and _RESUMABLE.fullmatch(name) is not None
+
+
 def latest(directory: str | os.PathLike[str]) -> str | None:
     """The path of the newest sealed group directly in ``directory`` (the higher step, then the
-    later seal), or, where it holds no sealed group, of its newest committed file (the latest
-    commit; files directly in it only).  None if it holds neither."""
+    later seal), or, where it holds no sealed group, of its newest committed checkpoint file (the
+    latest commit; files directly in it only, :func:`resumable_file`: issue 25 found it naming
+    ``train.log`` and ``latest.txt``).  None if it holds neither."""
     d = os.fspath(directory)
     if not os.path.isdir(d):
         raise NotADirectoryError(20, "not a directory", d)
@@ -107,7 +120,7 @@ def latest(directory: str | os.PathLike[str]) -> str | None:
     best: tuple[float, str] | None = None
     if mounted:
         for e in os.scandir(d):
-            if not e.is_file(follow_symlinks=False):
+            if not e.is_file(follow_symlinks=False) or not resumable_file(e.name):
                 continue
             try:
                 a = json.loads(os.getxattr(e.path, X_ATTRS))
@@ -120,7 +133,8 @@ def latest(directory: str | os.PathLike[str]) -> str | None:
                     best = (t, e.path)
     else:
         for p, rec in offline.state(root).files.items():
-            if parent(p) == rel and (best is None or (rec.committed_at, p) > best):
+            if (parent(p) == rel and resumable_file(os.path.basename(p))
+                    and (best is None or (rec.committed_at, p) > best)):
                 best = (rec.committed_at, os.path.join(root, p))
     return best[1] if best else None
 

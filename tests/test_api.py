@@ -91,10 +91,12 @@ def test_latest_of_plain_files_and_wait_for_a_directory(tmp_path: Path) -> None:
         for step in (100, 300, 200):  # commit order, not name order
             torch.save({"step": step}, m.path / "logs" / f"model_{step}.pt")
             time.sleep(0.01)
-        (m.path / "logs" / "notes.txt.partial").write_bytes(b"x")  # committed too: it is newer
-        assert ckptfs.latest(m.path / "logs") == str(m.path / "logs" / "notes.txt.partial")
-        os.unlink(m.path / "logs" / "notes.txt.partial")
+        # newer, committed, and never a checkpoint to resume from (issue 25: latest named train.log
+        # and latest.txt, and the README's --resume_from_checkpoint "$(ckptfs latest DIR)" got a log)
+        for name in ("notes.txt.partial", "train.log", "latest.txt", "latest", "metrics.json"):
+            (m.path / "logs" / name).write_bytes(b"{}" if name.endswith(".json") else b"model_200.pt")
         assert ckptfs.latest(m.path / "logs") == str(m.path / "logs" / "model_200.pt")
+        assert cli("latest", str(m.path / "logs")).stdout.strip() == str(m.path / "logs" / "model_200.pt")
         g = m.path / "checkpoint-5"
         g.mkdir()
         torch.save({"w": torch.zeros(2)}, g / "model.pt")
