@@ -4,7 +4,6 @@ on the same directory unmounted (issue 13)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
