@@ -39,6 +39,25 @@ DAEMON_LOG = f"{META_DIR}/daemon.log"
 COMMITTED_VIEW = ".ckptfs-committed"
 
 
+MAX_PATH_BYTES = 1 << 16  # longest path any metadata may name (PATH_MAX is per call; _at chains fds)
+
+
+def safe_rel(path: object, meta: str | None = None) -> bool:
+    """Whether ``path``, read from metadata someone else may have written (journal, snapshot,
+    group records, upload journal, a remote MANIFEST), names something inside the backing root:
+    a non-empty relative path of non-empty segments, none ``.`` or ``..``, no NUL, bounded length
+    (issue 26: a planted journal entry made root move a file to ``../moved_by_root.txt``).  With
+    ``meta``: a path under that ``.ckptfs/`` directory (a generation, a quarantine row); without:
+    a user path, never under ``.ckptfs/``."""
+    if not isinstance(path, str) or not path or "\0" in path or len(path) > MAX_PATH_BYTES // 4:
+        return False
+    if path.startswith("/") or any(seg in ("", ".", "..") for seg in path.split("/")):
+        return False
+    if meta is not None:
+        return path.startswith(meta + "/")
+    return not is_meta(path)
+
+
 def journal_path(epoch: int) -> str:
     return f"{META_DIR}/journal.{epoch}"
 

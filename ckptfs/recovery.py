@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ckptfs import META_DIR, crashpoints
+from ckptfs import META_DIR, crashpoints, trust
 from ckptfs.backing import BackingStore
 from ckptfs.engine import quarantine as qt
 from ckptfs.engine.generations import GenEntry, link_for_recovery, reconcile
@@ -531,6 +531,7 @@ def _preserve(store: BackingStore, src: str, dst: str) -> None:
 
 
 def recover(store: BackingStore, journal: Journal | None = None, seal_parts: bool = False) -> RecoveryReport:
+    trust.check_meta_dir(store)  # a planted .ckptfs is refused before anything in it is used (issue 26)
     journal = journal or Journal(store)
     journal.ensure_layout()
     loaded = load_trusted(journal)

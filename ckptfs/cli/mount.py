@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 
-from ckptfs import META_DIR, __version__, procinfo
+from ckptfs import META_DIR, __version__, procinfo, trust
 from ckptfs.backing import OsBackingStore
 from ckptfs.cli import mirror as mirror_cli
 from ckptfs.cli.common import CliError, daemon_pid, fusermount, is_ckptfs_mount
@@ -125,6 +125,11 @@ def cmd_mount(a: argparse.Namespace) -> int:
             raise CliError(f"{a.backing}: is itself a ckptfs mount")
     check_fuse_available()
     check_unprivileged(os.geteuid())
+    store = OsBackingStore(backing)
+    try:
+        trust.check_meta_dir(store, backing)  # before anything reads .ckptfs (issue 26)
+    finally:
+        store.shutdown()
     if not a.force:
         check_no_writers(backing)
     warn_weak_backing(backing)
@@ -266,8 +271,9 @@ def _signal_ready_when_mounted(d: str, fd: int) -> None:
 def setup_logging(store: OsBackingStore, debug: bool) -> None:
     from ckptfs.log.journal import Journal
 
+    trust.check_meta_dir(store, store.root_path if isinstance(store.root_path, str) else "")
     Journal(store).ensure_layout()
-    fd = store.open(f"{META_DIR}/daemon.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    fd = store.open(f"{META_DIR}/daemon.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
     handler = logging.StreamHandler(os.fdopen(fd, "a", buffering=1))
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()

@@ -14,6 +14,7 @@ import sys
 from ckptfs import __version__
 from ckptfs.cli import groups, integrity, mirror, mount, status
 from ckptfs.cli.common import CliError, locate
+from ckptfs.trust import UntrustedMetadata
 
 
 def cmd_verify(a: argparse.Namespace) -> int:
@@ -109,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as e:
         print(f"ckptfs: error: {e}", file=sys.stderr)
         return e.code
+    except UntrustedMetadata as e:
+        print(f"ckptfs: error: {e}", file=sys.stderr)  # nothing was read, changed or deleted
+        return 2
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ckptfs import META_DIR
+from ckptfs.layout import GEN_DIR, STAGING, safe_rel
 from ckptfs.log.journal import (
     FORMAT,
     MAX_FRAME,
@@ -101,6 +102,79 @@ def _records(raw: object, problems: list[str], where: str) -> dict[str, FileReco
     return out
 
 
+_ID = re.compile(r"[0-9A-Za-z_-]{1,64}")
+
+
+def entry_problem(e: object) -> str:
+    """Why a journal entry must not be applied ("" if it may): every path it names is confined to
+    the backing root (``layout.safe_rel``): user paths outside ``.ckptfs/``, staging files, kept
+    generations and quarantine/trash directories under theirs, group ids plain names.  The journal
+    may have been written by whoever could write the backing directory while it was unmounted
+    (issue 26, threat model in docs/design.md): a hostile entry is reported and skipped, never
+    applied."""
+    if not isinstance(e, dict) or not isinstance(e.get("op"), str):
+        return "not an entry"
+    op = e["op"]
+    grouplike = op.startswith(("group_", "quarantine"))
+    for k in ("path", "src", "dst"):
+        if k in e and not (safe_rel(e[k]) or (grouplike and e[k] == "")):
+            return f"{k} {e[k]!r} is not a path inside the directory"
+    if "staging" in e and not safe_rel(e["staging"], STAGING):
+        return f"staging {e['staging']!r} is not under {STAGING}"
+    if "to" in e and not safe_rel(e["to"], META_DIR):
+        return f"to {e['to']!r} is not under {META_DIR}"
+    keep = e.get("keep")
+    if keep is not None and not (isinstance(keep, dict) and safe_rel(keep.get("name"), GEN_DIR)):
+        return "keep names no kept generation"
+    if "id" in e and not (isinstance(e["id"], str) and (_ID.fullmatch(e["id"]) or e["id"] == "")):
+        return f"id {e['id']!r} is not a group id"
+    for r in e.get("restore", []) if isinstance(e.get("restore", []), list) else [None]:
+        if not (isinstance(r, dict) and safe_rel(r.get("path")) and safe_rel(r.get("name"), GEN_DIR)):
+            return "restore names a path outside the directory"
+    for r in e.get("remove", []) if isinstance(e.get("remove", []), list) else [None]:
+        if not safe_rel(r):
+            return "remove names a path outside the directory"
+    return ""
+
+
+def confine(st: JournalState, out: Loaded) -> None:
+    """Drop (and report) every record, group, generation, quarantine row and journal entry whose
+    paths are not confined to the backing root (``entry_problem``)."""
+    for p in [p for p in st.files if not safe_rel(p)]:
+        del st.files[p]
+        out.problems.append(f"record of {p!r} names a path outside the directory; dropped")
+    for p in list(st.groups):
+        g = st.groups[p]
+        gid, moved = g.get("id", ""), g.get("moved_to", "")
+        if not ((safe_rel(p) or p == "") and isinstance(gid, str) and (gid == "" or _ID.fullmatch(gid))
+                and (moved in ("", None) or safe_rel(moved, META_DIR))):
+            del st.groups[p]
+            out.problems.append(f"group {p!r} names a path or id outside the directory; dropped")
+    gens = out.generations
+    for p in list(gens):
+        hist = gens[p]
+        if not (safe_rel(p) and isinstance(hist, list)
+                and all(isinstance(x, dict) and safe_rel(x.get("name"), GEN_DIR) for x in hist)):
+            del gens[p]
+            out.problems.append(f"kept generations of {p!r} name paths outside the directory; dropped")
+    q = out.quarantine
+    if isinstance(q, dict):
+        for k in list(q):
+            row = q[k]
+            if not (safe_rel(k, META_DIR) and isinstance(row, dict)
+                    and (row.get("path") in ("", None) or safe_rel(row.get("path")))):
+                del q[k]
+                out.problems.append(f"quarantine row {k!r} names a path outside the directory; dropped")
+    kept = []
+    for e in st.entries:
+        why = entry_problem(e)
+        if why:
+            out.problems.append(f"journal entry {str(e)[:200]} not applied: {why}")
+        else:
+            kept.append(e)
+    st.entries = kept
+
+
 def _newest_journal_epoch(journal: Journal) -> int:
     best = 0
     for name in journal.store.listdir(META_DIR):
@@ -148,6 +222,7 @@ def load_trusted(journal: Journal) -> Loaded:
             out.journal_corrupt_at = bad_at
             out.problems.append(f"journal.{st.epoch} corrupt at byte {bad_at} of {len(data)}: "
                                 f"{len(st.entries)} entries before it trusted, the rest ignored")
+    confine(st, out)
     st.clean = st.clean and not st.entries and not out.problems
     journal.epoch = st.epoch
     return out

@@ -1,0 +1,130 @@
+"""Issue 26: whatever ckptfs reads may have been written by someone else.  A planted ``.ckptfs``
+(a link, another user's directory) is refused before anything in it is used, and a journal entry
+naming a path outside the directory is reported and skipped, never applied.  Real mounts and the
+real CLI; nothing outside the directory under test is created, changed or deleted."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, Mount, _env
+
+from ckptfs import META_DIR
+from ckptfs.log.journal import encode_frame
+
+
+def ckptfs(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ckptfs", *args], capture_output=True, text=True, env=_env(),
+                          cwd=ROOT, timeout=120)
+
+
+def _victim(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
+    v = tmp_path / "root-only"
+    v.mkdir(mode=0o700)
+    files = {"secret.txt": b"root's data", "keep.bin": os.urandom(100)}
+    for n, b in files.items():
+        (v / n).write_bytes(b)
+    return v, files
+
+
+def _untouched(v: Path, files: dict[str, bytes]) -> None:
+    assert sorted(os.listdir(v)) == sorted(files)
+    for n, b in files.items():
+        assert (v / n).read_bytes() == b
+
+
+@pytest.mark.parametrize("plant", ["link", "staging-link", "log-link", "other-owner", "group-writable"])
+def test_a_planted_metadata_directory_is_refused(tmp_path: Path, plant: str) -> None:
+    """The directory's owner plants ``.ckptfs`` (``staging -> /root-only/dir``: recovery deleted every
+    file there; ``daemon.log`` -> a root-only file: the daemon appended to it).  ``mount``,
+    ``recover`` and ``gc`` as root refuse with one line and exit 2; nothing outside is touched."""
+    v, files = _victim(tmp_path)
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    (d / "model.pt").write_bytes(b"user data")
+    meta = d / META_DIR
+    if plant == "link":
+        meta.symlink_to(v)
+    else:
+        meta.mkdir(mode=0o700)
+        if plant == "staging-link":
+            (meta / "staging").symlink_to(v)
+        elif plant == "log-link":
+            (meta / "daemon.log").symlink_to(v / "secret.txt")
+        elif plant == "other-owner":
+            (meta / "staging").mkdir()
+            os.chown(meta, 65534, 65534)
+        else:
+            meta.chmod(0o777)
+    for args in (["mount", str(d)], ["recover", str(d)], ["gc", str(d)]):
+        r = ckptfs(*args)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert "Traceback" not in r.stderr and ".ckptfs" in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    _untouched(v, files)
+    assert (d / "model.pt").read_bytes() == b"user data"
+    assert not subprocess.run(["mountpoint", "-q", str(d)]).returncode == 0
+
+
+def _plant_entries(d: Path, entries: list[dict]) -> None:
+    """Journal entries written into a trusted (root's own) ``.ckptfs`` while unmounted: what a bug,
+    a restored backup or a user with the daemon's uid could leave."""
+    with Mount(d).start():
+        pass
+    j = sorted(p for p in (d / META_DIR).iterdir() if p.name.startswith("journal."))
+    snap = d / META_DIR / "snapshot"
+    epoch = 0
+    if snap.exists():
+        from ckptfs.log.journal import decode_frames
+
+        frames, _ = decode_frames(snap.read_bytes())
+        epoch = int(frames[0]["epoch"])
+    jp = d / META_DIR / f"journal.{epoch}"
+    with open(jp, "ab") as f:
+        for e in entries:
+            f.write(encode_frame(e))
+    assert j is not None
+
+
+def test_journal_entries_naming_paths_outside_are_skipped(tmp_path: Path) -> None:
+    outside = tmp_path / "outside.txt"
+    outside.write_text("mine")
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    (d / "a.txt").write_text("a")
+    _plant_entries(d, [
+        {"op": "rename", "src": "a.txt", "dst": "../moved_by_root.txt"},
+        {"op": "unlink", "path": "../outside.txt"},
+        {"op": "symlink", "path": "../evil", "target": "/etc/passwd"},
+        {"op": "mkdir", "path": "/abs/dir"},
+        {"op": "link", "src": "../outside.txt", "dst": "x/../../y"},
+        {"op": "group_trash", "path": "a.txt", "to": "../../trash"},
+    ])
+    r = ckptfs("recover", str(d))
+    assert r.returncode == 0, r.stderr
+    assert outside.read_text() == "mine"
+    assert not (tmp_path / "moved_by_root.txt").exists() and not (tmp_path / "evil").exists()
+    assert not Path("/abs/dir").exists() and not (tmp_path / "y").exists()
+    assert (d / "a.txt").read_text() == "a"
+    with Mount(d).start():
+        assert (d / "a.txt").read_text() == "a"
+        stats = json.loads(os.getxattr(d, "user.ckptfs.stats"))
+        assert stats is not None
+    assert outside.read_text() == "mine"
+
+
+def test_layout_safe_rel() -> None:
+    from ckptfs.layout import safe_rel
+
+    for ok in ("a", "a/b.pt", "step_1/.metadata", "x..y"):
+        assert safe_rel(ok), ok
+    for bad in ("", "/a", "../a", "a/../../b", "a//b", "./a", "a/.", "a\0b", ".ckptfs/x", ".ckptfs", 5, None,
+                "a" * 20000):
+        assert not safe_rel(bad), bad
+    assert safe_rel(".ckptfs/staging/x", ".ckptfs/staging") and not safe_rel(".ckptfs/staging/../../x",
+                                                                            ".ckptfs/staging")
