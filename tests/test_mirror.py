@@ -696,3 +696,65 @@ def test_the_upload_journal_never_reuses_another_seals_state(tmp_path: Path) -> 
     assert UploadState.load(store, "g/step_1", "digest-b").files == {}
     assert UploadState.load(store, "g/step_2", "digest-a").files == {}
     store.shutdown()
+
+
+@pytest.mark.parametrize("attack", ["dotdot", "absolute", "dir-and-file", "huge", "linked-group"])
+def test_a_tampered_store_cannot_make_restore_write_outside_its_target(tmp_path: Path, s3: SeaweedS3,
+                                                                       bucket: str, attack: str) -> None:
+    """Issue 26: a MANIFEST (with a COMMIT naming it, so the digests agree) whose names leave the
+    target (``../``, absolute), name one path as a file and a directory, or claim 10^15 bytes; and a
+    group directory that is a symbolic link (``--replace``).  Each restore (new directory, --replace,
+    into a mount) and ``verify s3://`` ends in one line and a non-zero exit; nothing outside the target
+    is created or changed, nothing in the target truncated."""
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    url = f"s3://{bucket}/p"
+    with mirror_mount(d, s3, url):
+        save_group(d / "step_3", big_mib=1)
+        wait_state(d / "step_3")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("not yours")
+    c = s3.client()
+    if attack != "linked-group":
+        commit = json.loads(c.get_object(Bucket=bucket, Key="p/step_3/.ckptfs/COMMIT")["Body"].read())
+        manifest = json.loads(c.get_object(Bucket=bucket, Key="p/step_3/.ckptfs/MANIFEST")["Body"].read())
+        files, objects = manifest["files"], commit["objects"]
+        if attack == "dotdot":
+            files["../../victim.txt"], objects["../../victim.txt"] = files.pop("model.pt"), objects.pop("model.pt")
+        elif attack == "absolute":
+            files[str(victim)], objects[str(victim)] = files.pop("model.pt"), objects.pop("model.pt")
+        elif attack == "dir-and-file":
+            files["model.pt/x"], objects["model.pt/x"] = dict(files["optimizer.pt"]), dict(objects["optimizer.pt"])
+        else:
+            files["model.pt"]["size"] = 10**15
+        body = json.dumps(manifest).encode()
+        commit["manifest_blake3"] = blake3.blake3(body).hexdigest()
+        c.put_object(Bucket=bucket, Key="p/step_3/.ckptfs/MANIFEST", Body=body)
+        c.put_object(Bucket=bucket, Key="p/step_3/.ckptfs/COMMIT", Body=json.dumps(commit).encode())
+    before = sorted(os.listdir(tmp_path))
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    replace = tmp_path / "replace"
+    replace.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "model.pt").write_bytes(b"keep me")
+    if attack == "linked-group":
+        (replace / "step_3").symlink_to(elsewhere)
+    else:
+        (replace / "step_3").mkdir()
+        (replace / "step_3" / "model.pt").write_bytes(b"keep me too")
+    runs = [("restore", url, str(replace), "--replace")]
+    if attack != "linked-group":
+        runs += [("restore", url, str(fresh)), ("verify", url)]
+    for args in runs:
+        r = cli(*args, env=s3.env())
+        assert r.returncode != 0, (args, r.stdout, r.stderr)
+        assert "Traceback" not in r.stderr, r.stderr
+    assert victim.read_text() == "not yours"
+    assert (elsewhere / "model.pt").read_bytes() == b"keep me" and os.listdir(elsewhere) == ["model.pt"]
+    if attack != "linked-group":
+        assert (replace / "step_3" / "model.pt").read_bytes() == b"keep me too"
+        assert not (fresh / "step_3").exists()
+    assert sorted(os.listdir(tmp_path)) == sorted([*before, "fresh", "replace", "elsewhere"])
+    assert not Path(str(victim) + ".bak").exists() and not Path("/victim.txt").exists()

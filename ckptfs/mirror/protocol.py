@@ -31,6 +31,8 @@ from typing import Any
 
 import blake3
 
+from ckptfs.layout import safe_rel
+
 FORMAT = 1
 META = ".ckptfs"  # protocol objects inside a group's prefix
 DCP_METADATA = ".metadata"
@@ -132,7 +134,41 @@ def check_commit(commit: dict[str, Any], manifest: bytes, group: str) -> dict[st
     doc = parse(manifest, "ckptfs-remote-manifest", f"{group}/{META}/MANIFEST")
     if set(doc["files"]) != set(commit.get("objects", {})):
         raise ProtocolError(f"{group}: COMMIT and MANIFEST list different files")
+    check_names(group, doc)
     return doc
+
+
+MAX_FILE_BYTES = 1 << 50  # 1 PiB: no MANIFEST size above it is believed
+MAX_FILES = 1 << 20
+
+
+def check_names(group: str, doc: dict[str, Any]) -> None:
+    """A MANIFEST from the store may be hostile (issue 26: names with ``..`` or an absolute path
+    restored outside the target, a size of 10^15 grew the process to 2.9 GB, ``x.bin`` and
+    ``./x.bin`` both "restored" into one file): the group path and every name must stay inside
+    the target (``layout.safe_rel``, no ``.ckptfs``), be unique, and every size and chunk size a
+    bounded integer.  ProtocolError otherwise, before anything is written."""
+    if not safe_rel(group):
+        raise ProtocolError(f"group path {group!r} is not a relative path inside the target")
+    files = doc.get("files")
+    if not isinstance(files, dict) or len(files) > MAX_FILES:
+        raise ProtocolError(f"{group}: MANIFEST has no bounded file table")
+    seen: set[str] = set()
+    for rel, f in files.items():
+        if not safe_rel(rel):
+            raise ProtocolError(f"{group}: MANIFEST names {rel!r}, not a relative path inside the group")
+        seen.add(rel)  # (JSON keys are unique; a second spelling such as ./x.bin fails safe_rel)
+        if not isinstance(f, dict):
+            raise ProtocolError(f"{group}: MANIFEST entry of {rel!r} is not a record")
+        size, cs = f.get("size"), f.get("chunk_size", 1 << 20)
+        if (not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_FILE_BYTES
+                or not isinstance(cs, int) or isinstance(cs, bool) or not 1 <= cs <= 1 << 31):
+            raise ProtocolError(f"{group}: MANIFEST entry of {rel!r} has an invalid size or chunk size")
+    for rel in files:  # a file may not also be a directory of another name
+        parts = rel.split("/")
+        for i in range(1, len(parts)):
+            if "/".join(parts[:i]) in seen:
+                raise ProtocolError(f"{group}: MANIFEST names {'/'.join(parts[:i])!r} as a file and a directory")
 
 
 def order(commit: dict[str, Any]) -> tuple[int, float]:

@@ -128,10 +128,10 @@ def download(remote: Remote, g: RemoteGroup, staging: str, threads: int = 8,
     fds: dict[str, int] = {}
     try:
         for rel, f in sorted(g.files.items()):
-            dst = os.path.join(staging, rel)
+            dst = os.path.join(staging, rel)  # (rel is confined: protocol.check_names)
+            _no_links(staging, os.path.dirname(rel))
             os.makedirs(os.path.dirname(dst), exist_ok=True)
-            fds[rel] = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            os.ftruncate(fds[rel], int(f["size"]))
+            fds[rel] = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             jobs += [(rel, off, min(off + RANGE, int(f["size"]))) for off in range(0, int(f["size"]), RANGE)]
         lock = threading.Lock()
 
@@ -153,6 +153,29 @@ def download(remote: Remote, g: RemoteGroup, staging: str, threads: int = 8,
     finally:
         for fd in fds.values():
             os.close(fd)
+
+
+def _no_links(top: str, rel_dir: str) -> None:
+    """RestoreError if ``top`` or a directory between it and ``top/rel_dir`` is a symbolic link: a
+    restore writes nothing through a link (issue 26: files written into a linked group directory's
+    target)."""
+    d = top
+    for part in [""] + [p for p in rel_dir.split("/") if p]:
+        d = os.path.join(d, part) if part else d
+        if os.path.islink(d):
+            raise RestoreError(f"{d} is a symbolic link: a restore writes nothing through a link")
+
+
+def _check_space(dest_dir: str, need: int) -> None:
+    """RestoreError unless the filesystem of ``dest_dir`` can hold ``need`` more bytes (a MANIFEST's
+    sizes are believed only as far as the disk can hold them)."""
+    try:
+        sv = os.statvfs(dest_dir)
+    except OSError:
+        return
+    free = sv.f_bavail * sv.f_frsize
+    if need > free:
+        raise RestoreError(f"the group needs {need} bytes, {dest_dir} has {free} free: nothing written")
 
 
 def install_order(files: list[str]) -> list[str]:
@@ -202,8 +225,10 @@ class MountSink(Sink):
             self.dirs.append(d)
 
     def open(self, rel: str) -> Any:
+        _no_links(self.root, os.path.dirname(rel))
         self.mkdirs(os.path.dirname(rel))
-        return os.open(os.path.join(self.root, rel), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), rel
+        return os.open(os.path.join(self.root, rel), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW,
+                       0o644), rel
 
     def write(self, h: Any, data: bytes, off: int) -> None:
         os.pwrite(h[0], data, off)
@@ -380,10 +405,12 @@ def restore(remote: Remote, dest_dir: str, name: str | None = None, threads: int
 
     t0 = time.monotonic()
     g = load_manifest(remote, pick(committed_groups(remote), name))
-    target = os.path.join(dest_dir, g.path)
+    target = os.path.join(dest_dir, g.path)  # (g.path is confined: protocol.check_names)
     exists = os.path.lexists(target)
     if exists and not replace:
         raise RestoreError(f"{target} exists: restore into another directory, or pass --replace")
+    _no_links(dest_dir, g.path)
+    _check_space(dest_dir, g.bytes * (2 if exists else 1))
     bar = progress_factory(g.bytes) if progress_factory else None
     staging = ""
     t_dl = 0.0
