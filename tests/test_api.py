@@ -116,3 +116,25 @@ def test_paths_ckptfs_does_not_manage_get_clear_errors(tmp_path: Path) -> None:
     assert r.returncode == 2 and "not inside a ckptfs mount" in r.stderr and "Traceback" not in r.stderr
     r = cli("latest", str(tmp_path / "missing"))
     assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def test_verify_and_latest_json_agree_mounted_and_unmounted_at_any_depth(tmp_path: Path) -> None:
+    """Issue 25: ``verify ROOT`` checked 0 groups two levels down; ``verify --json`` gave relative
+    paths unmounted and absolute mounted; ``latest --json`` nested JSON inside strings."""
+    d = tmp_path / "run"
+    d.mkdir()
+
+    def check(mounted: bool) -> None:
+        r = cli("verify", str(d))
+        assert r.returncode == 0 and "and 2 groups" in r.stdout, (mounted, r.stdout, r.stderr)
+        r = cli("verify", "--json", str(d))
+        paths = sorted(json.loads(line)["path"] for line in r.stdout.splitlines())
+        assert paths and all(p.startswith(str(d) + "/") for p in paths), paths
+        js = json.loads(cli("latest", "--json", str(d / "jobs" / "a")).stdout)
+        assert isinstance(js["group"], dict) and js["group"]["path"] == "jobs/a/checkpoint-2", js
+
+    with Mount(d):
+        save_hf_like(d / "jobs" / "a", 1)
+        save_hf_like(d / "jobs" / "a", 2)
+        check(True)
+    check(False)

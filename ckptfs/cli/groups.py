@@ -349,7 +349,19 @@ def verify_groups(a: argparse.Namespace) -> tuple[int, str]:
             is_group = os.getxattr(p, X_STATUS).decode() in (OPEN, SEALED)
         except OSError:
             is_group = False
-        targets = [rel] if is_group else [g["path"] for g in list_groups(w) if g["state"] == SEALED]
+        if is_group:
+            targets = [rel]
+        else:  # every sealed group at any depth under it (issue 25: two levels down were missed)
+            targets = []
+            for dirpath, dirnames, _files in os.walk(p):
+                dirnames.sort()
+                try:
+                    here = json.loads(os.getxattr(dirpath, X_GROUPS))
+                except (OSError, ValueError):
+                    continue
+                targets += [g["path"] for g in here if g["state"] == SEALED]
+                sealed = {os.path.basename(g["path"]) for g in here}
+                dirnames[:] = [n for n in dirnames if n not in sealed]  # (a group holds no groups)
         for t in targets:
             checked_files += verify_group_mounted(w.root, t, problems)
             checked_groups += 1
@@ -358,7 +370,7 @@ def verify_groups(a: argparse.Namespace) -> tuple[int, str]:
         if rel in groups:
             targets = [groups[rel]]
         else:
-            targets = [g for g in groups.values() if parent(g.path) == rel]
+            targets = [g for g in groups.values() if rel == "" or g.path.startswith(rel + "/")]  # any depth
         for g in targets:
             checked_groups += 1
             if g.state != SEALED:
@@ -384,7 +396,17 @@ def cmd_latest(a: argparse.Namespace) -> int:
     except (api.NotCkptfs, NotADirectoryError, FileNotFoundError) as e:
         raise CliError(str(e) if isinstance(e, api.NotCkptfs) else f"{a.dir}: {e.strerror}") from None
     if a.json:
-        print(json.dumps({"latest": got, **(api.status(got) if got else {})}, sort_keys=True))
+        st = api.status(got) if got else {}
+        for k, v in st.items():  # status attributes that hold JSON are given as JSON, not as strings
+            if isinstance(v, str) and v[:1] in ("{", "["):
+                try:
+                    st[k] = json.loads(v)
+                except ValueError:
+                    pass
+        if "group" not in st and "state" in st:  # unmounted: the group's fields came flat; the same shape
+            st = {"status": st.get("status"), "mounted": st.get("mounted"),
+                  "group": {k: v for k, v in st.items() if k not in ("status", "mounted")}}
+        print(json.dumps({"latest": got, **st}, sort_keys=True))
     elif got is not None:
         print(got)
     if got is None:

@@ -65,12 +65,18 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 # ----------------------------------------------------------------- helpers
-def _report(findings: list[Finding], problems: list[str], untracked: list[str], as_json: bool) -> tuple[int, str]:
-    """Print each finding; (exit status, the summary's words: "N committed files (k ok, j corrupt)...")."""
+def _report(findings: list[Finding], problems: list[str], untracked: list[str], as_json: bool,
+            root: str | None = None) -> tuple[int, str]:
+    """Print each finding; (exit status, the summary's words: "N committed files (k ok, j corrupt)...").
+    ``root``: the backing root the findings' paths are relative to (offline): ``--json`` gives
+    absolute paths mounted and unmounted alike (issue 25)."""
     bad = [f for f in findings if not f.ok]
     if as_json:
         for f in findings:
-            print(json.dumps(f.to_json()))
+            js = f.to_json()
+            if root is not None and not os.path.isabs(js["path"]):
+                js["path"] = os.path.join(root, js["path"])
+            print(json.dumps(js))
     for p in problems:
         print(f"ckptfs: metadata: {p}", file=sys.stderr)
     for f in bad:
@@ -113,7 +119,7 @@ def _offline(path: str, rate: float, progress: bool, as_json: bool) -> tuple[int
         untracked = untracked_files(store, state.files, rel)
     finally:
         store.shutdown()
-    return _report(findings, state.problems, untracked, as_json)
+    return _report(findings, state.problems, untracked, as_json, root)
 
 
 def _walk(path: str) -> list[str]:
