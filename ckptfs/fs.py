@@ -1615,7 +1615,7 @@ class CkptFS:
                 keep = self.integrity.keep_plan(new, self.records[new])
             if on_disk:
                 dirs = [parent(new), parent(old)]
-                self.grp.note_rename(old, new, caller.pid)
+                self.grp.note_rename(old, new, caller.pid, is_dir)
                 entry: dict[str, Any] = {"op": "rename", "src": old, "dst": new, "ino": src_st.st_ino}
                 if keep is not None:
                     entry["keep"] = keep

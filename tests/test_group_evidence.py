@@ -310,3 +310,44 @@ def test_a_marker_written_by_a_shell_seals_an_intact_group(tmp_path: Path, marke
         name = "COMMIT" if "COMMIT" in marker else "DONE"
         assert (d / "step_1" / name).read_bytes() == {"echo": b"done\n", "printf": b"ok", "touch": b""}[
             marker.split()[0]]
+
+
+ATOMIC_WRITER = r"""
+import json, os, sys
+root = sys.argv[1]
+def atomic(p, data):
+    t = p + ".tmp"
+    with open(t, "wb") as f:
+        f.write(data); f.flush(); os.fsync(f.fileno())
+    os.rename(t, p)
+for n in (1, 2, 3):
+    e = os.path.join(root, f"epoch_{n}")
+    os.makedirs(e)
+    atomic(os.path.join(e, "model.bin"), os.urandom(5000))
+    if n == 3:
+        os.kill(os.getpid(), 9)  # between two renamed files of the third save
+    atomic(os.path.join(e, "optim.bin"), os.urandom(3000))
+    atomic(os.path.join(e, "MANIFEST"), b"model.bin\noptim.bin\n")
+    atomic(os.path.join(e, "COMMIT.json"), json.dumps({"epoch": n}).encode())
+"""
+
+
+@needs_exit_events
+def test_files_renamed_into_a_directory_form_a_group(tmp_path: Path) -> None:
+    """Issue 25: the seed paper's atomic writer (tmp + fsync + rename into ``epoch_N/model.bin``)
+    never formed a group: a killed save stayed visible and ``ckptfs latest`` found nothing.  A
+    rename that lands a checkpoint file in a directory is evidence as a create is."""
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    with Mount(d).start():
+        r = subprocess.run([sys.executable, "-c", ATOMIC_WRITER, str(d)], env=_env(), capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == -9, r.stderr
+        time.sleep(JUDGED)
+        rows = {x["path"]: x for x in groups(d, d)}
+        assert rows["epoch_1"]["state"] == rows["epoch_2"]["state"] == "sealed", rows
+        assert rows["epoch_3"]["state"] == "torn", rows
+        assert not (d / "epoch_3").exists()
+        latest = subprocess.run([sys.executable, "-m", "ckptfs", "latest", str(d)], env=_env(),
+                                capture_output=True, text=True)
+        assert latest.stdout.strip() == str(d / "epoch_2"), latest

@@ -333,10 +333,22 @@ class GroupEngine:
         elif g.seal_requested.startswith(LATE):
             g.seal_requested = ""
 
-    def note_rename(self, old: str, new: str, pid: int = 0) -> None:
+    def note_rename(self, old: str, new: str, pid: int = 0, is_dir: bool = False) -> None:
         """A rename from/into a group (commit_lock held, before it is journaled): renaming onto a file
         the group holds, or out of the group, is a change; into a new name an addition (G10).  The
-        renaming process becomes a writer of the group (G7 waits for it)."""
+        renaming process becomes a writer of the group (G7 waits for it).  A file renamed to a name
+        that is evidence of a checkpoint opens its group as a create does (issue 25: the already-
+        atomic writer's tmp + fsync + rename into ``epoch_N/model.bin`` never formed a group)."""
+        if not is_dir and self.group_of(new) is None:
+            cand = self._candidate(new)
+            if cand is not None:
+                d, rule = cand
+                if self.live_group(d) is None:
+                    t = self._tentative_group(d)
+                    if t is not None:
+                        self._promote(t, rule, pid)
+                    elif self.groupable(d):
+                        self._open_group(d, rule, pid)
         go, gn = self.group_of(old), self.group_of(new)
         if gn is not None:
             self._reopen(gn, new, replaces=new in self.records or go is not gn)
