@@ -128,3 +128,37 @@ def test_layout_safe_rel() -> None:
         assert not safe_rel(bad), bad
     assert safe_rel(".ckptfs/staging/x", ".ckptfs/staging") and not safe_rel(".ckptfs/staging/../../x",
                                                                             ".ckptfs/staging")
+
+
+def test_another_users_configuration_is_refused(tmp_path: Path) -> None:
+    """Issue 26: a ``.ckptfs.toml`` another user wrote into a shared (1777) root set ``keep_last = 1``
+    and the daemon deleted someone else's checkpoints.  Only the directory's owner or root configure
+    ckptfs: anyone else's file (or a link, or one writable by others) refuses the mount, exit 2."""
+    d = tmp_path / "shared"
+    d.mkdir()
+    d.chmod(0o1777)
+    cfg = d / ".ckptfs.toml"
+    cfg.write_text("keep_last = 1\n")
+    for how in ("other-owner", "group-writable", "link"):
+        if how == "other-owner":
+            os.chown(cfg, 65534, 65534)
+        elif how == "group-writable":
+            os.chown(cfg, 0, 0)
+            cfg.chmod(0o666)
+        else:
+            cfg.unlink()
+            (tmp_path / "real.toml").write_text("keep_last = 1\n")
+            cfg.symlink_to(tmp_path / "real.toml")
+        for fg in ([], ["-f"]):
+            r = ckptfs("mount", *fg, str(d))
+            assert r.returncode == 2 and ".ckptfs.toml" in r.stderr and "Traceback" not in r.stderr, (how, r.stderr)
+            assert subprocess.run(["mountpoint", "-q", str(d)]).returncode != 0
+
+
+@pytest.mark.parametrize("opt", ["--cache-timeout", "--idle-seal", "--scrub-rate", "--scrub-interval"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_option_values_must_be_finite(tmp_path: Path, opt: str, value: str) -> None:
+    """``--cache-timeout nan`` hung the mount and answered EIO to everything; ``--idle-seal inf`` was
+    accepted: a one-line usage error, exit 2."""
+    r = ckptfs("mount", str(tmp_path), opt, value)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and opt in r.stderr, r.stderr

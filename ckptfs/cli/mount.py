@@ -6,8 +6,10 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
+import math
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -237,6 +239,18 @@ def load_rules(store: OsBackingStore, a: argparse.Namespace):
 
     rules = RuleSet()
     if store.exists(CONFIG_NAME):
+        st, top = store.lstat(CONFIG_NAME), os.fstat(store.root_fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise CliError(f"{CONFIG_NAME} is not a regular file (a link?): refused; ckptfs follows no link "
+                           "it did not make", 2)
+        if st.st_uid not in (0, os.geteuid(), top.st_uid) or st.st_mode & 0o022:
+            # issue 26: another user's .ckptfs.toml in a shared (1777) root set keep_last = 1 and the
+            # daemon deleted someone else's checkpoints
+            raise CliError(f"{CONFIG_NAME} is owned by uid {st.st_uid} or writable by others: only the "
+                           f"directory's owner (uid {top.st_uid}) or root configure ckptfs here; refused "
+                           f"(if it is yours: chown {top.st_uid} {CONFIG_NAME} && chmod go-w {CONFIG_NAME})", 2)
+        if st.st_size > 1 << 20:
+            raise CliError(f"{CONFIG_NAME} is {st.st_size} bytes: not a configuration (at most 1 MiB)", 2)
         try:
             rules = parse_config(read_whole(store, CONFIG_NAME), CONFIG_NAME)
         except ConfigError as e:
@@ -335,6 +349,8 @@ def _number(kind: type, least: float, what: str):
             n = kind(v)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not {what}: {v!r}") from None
+        if isinstance(n, float) and not math.isfinite(n):  # nan hung the mount, inf never sealed
+            raise argparse.ArgumentTypeError(f"not a finite number: {v}")
         if n < least:
             raise argparse.ArgumentTypeError(f"must be >= {least}: {v}")
         return n
