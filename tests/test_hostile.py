@@ -162,3 +162,45 @@ def test_option_values_must_be_finite(tmp_path: Path, opt: str, value: str) -> N
     accepted: a one-line usage error, exit 2."""
     r = ckptfs("mount", str(tmp_path), opt, value)
     assert r.returncode == 2 and "Traceback" not in r.stderr and opt in r.stderr, r.stderr
+
+
+SAVE_AS = r"""
+import json, os, sys, torch
+uid, root, step = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+os.setgroups([]); os.setgid(uid); os.setuid(uid)
+g = os.path.join(root, f"checkpoint-{step}")
+os.mkdir(g, 0o700)
+torch.save({"step": step}, os.path.join(g, "model.pt"))
+with open(os.path.join(g, "trainer_state.json"), "w") as f:
+    json.dump({"global_step": step}, f)
+"""
+
+
+def test_retention_and_sibling_rules_stay_within_one_owner(tmp_path: Path) -> None:
+    """Issue 26: in a shared sticky directory with ``--keep-last 1``, user B's checkpoint-1000 retired
+    user A's checkpoint-1 (natively the sticky bit forbids B to touch it).  Retention counts each
+    owner's groups on their own; and the one sealed last is always kept (issue 25)."""
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="ckptfs-owners-", dir="/tmp"))
+    try:
+        base.chmod(0o755)
+        d = base / "shared"
+        d.mkdir()
+        d.chmod(0o1777)
+        with Mount(d, extra_args=["--allow-other", "--keep-last", "1"]).start():
+            for uid, step in ((65534, 1), (65533, 1000), (65534, 2), (65533, 1001)):
+                r = subprocess.run([sys.executable, "-c", SAVE_AS, str(uid), str(d), str(step)], env=_env(),
+                                   capture_output=True, text=True, timeout=120)
+                assert r.returncode == 0, r.stderr
+            import time as _t
+
+            _t.sleep(2.5)
+            names = sorted(os.listdir(d))
+            # each owner keeps their newest one: A's checkpoint-2 and B's checkpoint-1001
+            assert "checkpoint-2" in names and "checkpoint-1001" in names, names
+            assert "checkpoint-1" not in names and "checkpoint-1000" not in names, names
+    finally:
+        import shutil
+
+        shutil.rmtree(base, ignore_errors=True)

@@ -556,11 +556,20 @@ class GroupEngine:
         d, base = parent_and_base(g.path)
         with self.lock:
             sibs = list(self.groups.values())
+        mine = self._owner(g.path)
         for s in sibs:
             if (s is not g and s.marker and parent(s.path) == d
-                    and (s.rule == g.rule or self._rule_of(s).matches_dir(base))):
+                    and (s.rule == g.rule or self._rule_of(s).matches_dir(base))
+                    and self._owner(s.path) == mine):  # another user's saves say nothing of this one's
                 return s.marker
         return ""
+
+    def _owner(self, path: str) -> int | None:
+        """The uid owning directory ``path`` in the backing store (None if gone)."""
+        try:
+            return self.store.lstat(path).st_uid
+        except OSError:
+            return None
 
     def check_torn(self, g: GroupState) -> bool:
         """Quarantine g if it can never complete (G7).  Torn needs evidence of an interrupted write:
@@ -871,10 +880,28 @@ class GroupEngine:
         sibs = [g for g in self.groups.values() if parent(g.path) == d and g.state in (OPEN, SEALED)]
         if any(g.state == OPEN for g in sibs):
             return
-        sealed = sorted((g for g in sibs if g.step is not None), key=lambda g: g.order)
+        by_owner: dict[int, list[GroupState]] = {}
+        for g in sibs:
+            if g.step is None:
+                continue
+            try:
+                uid = self.store.lstat(g.path).st_uid
+            except OSError:
+                continue
+            by_owner.setdefault(uid, []).append(g)
+        for owned in by_owner.values():  # (issue 26: one user's checkpoint-1000 retired another's)
+            self._retain(sorted(owned, key=lambda g: g.order), keep_last, keep_every)
+
+    def _retain(self, sealed: list[GroupState], keep_last: int, keep_every: int) -> None:
+        """Retention among one owner's sealed groups of one directory, oldest first: the newest
+        ``keep_last`` by step, every ``keep_every``-th step, and the one sealed last, whatever its
+        step (issue 25: a lower step saved again after higher ones, a rollback's re-run, was retired
+        the moment it sealed, before any upload: the only copy)."""
         keep = {g.path for g in sealed[-keep_last:]}
+        if sealed:
+            keep.add(max(sealed, key=lambda g: g.sealed_at).path)
         if keep_every > 0:
-            keep |= {g.path for g in sealed if g.step % keep_every == 0}
+            keep |= {g.path for g in sealed if g.step is not None and g.step % keep_every == 0}
         for g in sealed:
             if g.path not in keep:
                 if self.may_retire(g):
