@@ -50,7 +50,7 @@ from ckptfs.engine.staged import NOBODY, Caller, Handle, Staging, Version
 from ckptfs.engine.visibility import Visibility
 from ckptfs.inodes import InodeMap
 from ckptfs.integrity.reads import Integrity
-from ckptfs.layout import COMMITTED_VIEW, move_prefix, parent, swap_prefix
+from ckptfs.layout import COMMITTED_VIEW, move_prefix, parent, space_held, swap_prefix
 from ckptfs.log.journal import COMPACT_EVERY, Journal
 from ckptfs.records import FileRecord
 from ckptfs.recovery import recover
@@ -79,6 +79,7 @@ from ckptfs.xattrs import (
     X_RULES,
     X_SEAL,
     X_SIZE,
+    X_SPACE,
     X_STATS,
     X_STATUS,
     X_VERSION,
@@ -1753,6 +1754,7 @@ class CkptFS:
                 X_GROUPS: self.grp.groups_json_attr(path),
                 X_QUARANTINE: self.grp.quarantine_json_attr(path),
                 X_GC_REPORT: self.grp.gc_report_json(),
+                X_SPACE: json.dumps(space_held(self.store), sort_keys=True),
                 **self.integrity.root_attrs(),
             }
             for source in self.attr_sources:

@@ -150,3 +150,31 @@ def move_tree_back(store: BackingStore, src: str, dst: str) -> None:
             store.rename(s, d)
     store.fsync_dir(dst)
     rmtree(store, src)
+
+
+def space_held(store: BackingStore) -> dict[str, int]:
+    """Bytes (allocated blocks) ckptfs holds under ``.ckptfs/`` out of the user's sight, by kind:
+    kept generations, quarantined groups, staging files, trash (issue 25: 174 MB of generations
+    beside 174 MB of visible data, with ``du`` through the mount showing half)."""
+    out: dict[str, int] = {}
+    for kind, top in (("generations", GEN_DIR), ("quarantine", QUARANTINE), ("staging", STAGING),
+                      ("trash", TRASH)):
+        total, todo = 0, [top]
+        while todo:
+            d = todo.pop()
+            try:
+                entries = store.scandir(d)
+            except OSError:
+                continue
+            for name, _ino, kind_bits in entries:
+                p = f"{d}/{name}"
+                if kind_bits == stat.S_IFDIR:
+                    todo.append(p)
+                    continue
+                try:
+                    st = store.lstat(p)
+                except OSError:
+                    continue
+                total += st.st_blocks * 512 if st.st_nlink == 1 else 0  # a link shares its blocks
+        out[kind] = total
+    return out

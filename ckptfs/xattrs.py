@@ -42,6 +42,7 @@ X_SCRUB = PREFIX + "scrub"  # JSON: scrubber state and findings
 X_ON_CORRUPT = PREFIX + "on_corrupt"
 X_KEEP_GENERATIONS = PREFIX + "keep_generations"
 X_GC_REPORT = PREFIX + "gc_report"  # JSON: what the last gc (or dry run) deleted, bytes freed
+X_SPACE = PREFIX + "space"  # JSON: bytes ckptfs holds out of sight (generations, quarantine, staging, trash)
 # the tiered mirror (ckptfs/mirror): on the root, JSON (where, backlog, pinned bytes, alert); on a
 # sealed group, its upload state: pending / uploading k/n / waiting for other nodes / committed / failed: why
 X_MIRROR = PREFIX + "mirror"
@@ -82,7 +83,7 @@ STATUS_VALUES = ("open", "sealed", CORRUPT, STAGING, COMMITTED, UNTRACKED)
 
 # root attributes about other paths (filtered per caller) and daemon-wide ones (root only)
 _PER_PATH_LISTS = (X_ABORTS, X_CORRUPT)
-_DAEMON_WIDE = (X_METADATA, X_SCRUB, X_GC_REPORT, X_MIRROR)
+_DAEMON_WIDE = (X_METADATA, X_SCRUB, X_GC_REPORT, X_MIRROR, X_SPACE)
 
 
 def is_status_name(name: str) -> bool:

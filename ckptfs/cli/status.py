@@ -19,17 +19,22 @@ def cmd_status(a: argparse.Namespace) -> int:
     if is_ckptfs_mount(d):
         attrs = json.loads(os.getxattr(d, X_ATTRS))  # status attributes are never listed
         out = {k.removeprefix(PREFIX): v for k, v in attrs.items()}
-        for k in ("stats", "aborts", "corrupt", "metadata", "scrub", "quarantine", "gc_report", "mirror"):
+        for k in ("stats", "aborts", "corrupt", "metadata", "scrub", "quarantine", "gc_report", "mirror", "space"):
             if k in out:
                 out[k] = json.loads(out[k])
         out["mounted"] = True
     else:
+        from ckptfs import META_DIR
+        from ckptfs.layout import space_held
         from ckptfs.log.journal import CorruptMetadata, Journal
         from ckptfs.log.metadata import load_trusted
 
+        if not os.path.isdir(os.path.join(d, META_DIR)):
+            raise CliError(f"{d}: not a ckptfs directory (no {META_DIR}; never mounted)")
         store = OsBackingStore(d)
         try:
             loaded = load_trusted(Journal(store))
+            space = space_held(store)
         except CorruptMetadata as e:
             raise CliError(f"{d}: {e}", 1) from None
         finally:
@@ -38,7 +43,8 @@ def cmd_status(a: argparse.Namespace) -> int:
         aborts = st.aborts + [e for e in st.entries if e.get("op") == "abort"]
         out = {"mounted": False, "committed_files": len(st.files),
                "journal_entries": len(st.entries), "aborts": aborts[-10:],
-               "metadata": {"status": "corrupt" if loaded.problems else "ok", "problems": loaded.problems}}
+               "metadata": {"status": "corrupt" if loaded.problems else "ok", "problems": loaded.problems},
+               "space": space}
     print(json.dumps(out, indent=2))
     return 0
 
