@@ -732,6 +732,12 @@ class CkptFS:
                 entries[p[len(pre):]] = (self.store.fstat(v.fd).st_ino, stat.S_IFREG)
             except OSError:
                 pass
+        if caller.pid > 0:
+            for n in [n for n in entries if (g := self.groups.get(pre + n)) is not None and g.state == OPEN]:
+                g = self.groups.get(pre + n)
+                if g is not None and not self.grp.sees(g, caller.pid):
+                    del entries[n]  # a checkpoint still being written by another job (issue 25)
+                    self.stats["open_groups_unlisted"] += 1
         rep = self.inodes.reported
         return [*self._dots(path),
                 *((n, {"st_ino": rep(ino), "st_mode": t}, 0) for n, (ino, t) in sorted(entries.items()))]

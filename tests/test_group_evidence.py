@@ -351,3 +351,47 @@ def test_files_renamed_into_a_directory_form_a_group(tmp_path: Path) -> None:
         latest = subprocess.run([sys.executable, "-m", "ckptfs", "latest", str(d)], env=_env(),
                                 capture_output=True, text=True)
         assert latest.stdout.strip() == str(d / "epoch_2"), latest
+
+
+LISTER = "import os, sys; print(' '.join(sorted(os.listdir(sys.argv[1]))))"
+
+
+def _list(d: Path, own_session: bool) -> list[str]:
+    argv = [sys.executable, "-c", LISTER, str(d)]
+    if own_session:
+        argv = ["setsid", "-w", *argv]
+    r = subprocess.run(argv, capture_output=True, text=True, env=_env(), timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()
+
+
+@pytest.mark.portable
+def test_an_open_group_is_listed_only_to_its_writers_job(tmp_path: Path) -> None:
+    """Issue 25: an evaluation job picking the newest ``checkpoint-N`` while the trainer saves loaded
+    half-written directories (27 of 82 loads failed).  While a group is open, a process of another
+    process session does not list it; the trainer's own session (its ranks, its shell) does; once
+    sealed everyone does.  A lookup by its exact name still works (``ckptfs.wait_sealed``)."""
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    with Mount(d).start():
+        save = subprocess.Popen([sys.executable, "-c", (
+            "import os, sys, json, torch\n"
+            "g = sys.argv[1] + '/checkpoint-1'\nos.mkdir(g)\n"
+            "torch.save({'w': torch.ones(4)}, g + '/model.pt')\n"
+            "print('saved', flush=True)\nsys.stdin.readline()\n"
+            "open(g + '/trainer_state.json', 'w').write(json.dumps({'global_step': 1}))\n"), str(d)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_env())
+        try:
+            assert save.stdout is not None and save.stdin is not None
+            assert save.stdout.readline().strip() == "saved"
+            assert _list(d, own_session=True) == []  # another job: not listed while open
+            assert _list(d, own_session=False) == ["checkpoint-1"]  # this session (the trainer's job)
+            assert os.path.isdir(d / "checkpoint-1")  # by name: still there
+            save.stdin.write("go\n")
+            save.stdin.flush()
+            assert save.wait(60) == 0
+        finally:
+            if save.poll() is None:
+                save.kill()
+                save.wait()
+        assert _list(d, own_session=True) == ["checkpoint-1"]  # sealed: listed for everyone

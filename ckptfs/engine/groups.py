@@ -195,7 +195,7 @@ class GroupEngine:
         g = GroupState(path=d, rule=rule.name, id=gid, state=OPEN, created_at=now, step=step, tentative=tentative)
         if pid:
             me = procinfo.tgid(pid)
-            g.pids.append(me)
+            self._add_writer(g, me)
             d_parent = parent(d)
             for s in self.groups.values():  # its writer is done with the older saves it made here
                 if s.state == OPEN and me in s.pids and parent(s.path) == d_parent and s.path != d:
@@ -261,7 +261,7 @@ class GroupEngine:
         if pid:
             t = procinfo.tgid(pid)
             if t not in g.pids:
-                g.pids.append(t)
+                self._add_writer(g, t)
         g.last_activity = time.time()
         g.written = True
 
@@ -274,7 +274,7 @@ class GroupEngine:
         self.journal.append({"op": "group_open", "path": g.path, "rule": g.rule, "id": g.id, "time": time.time(),
                              "step": g.step}, sync=False)
         if pid and procinfo.tgid(pid) not in g.pids:
-            g.pids.append(procinfo.tgid(pid))
+            self._add_writer(g, procinfo.tgid(pid))
         return g
 
     def _member_evidence(self, g: GroupState, path: str) -> bool:
@@ -356,7 +356,7 @@ class GroupEngine:
             self._reopen(go, old, replaces=True)
         for g in (gn, go):
             if g is not None and g.state == OPEN and pid and procinfo.tgid(pid) not in g.pids:
-                g.pids.append(procinfo.tgid(pid))
+                self._add_writer(g, procinfo.tgid(pid))
 
     def note_unlink(self, path: str) -> None:
         """An unlink inside a late-reopened group (commit_lock held): a sealed group's deletions go
@@ -563,6 +563,37 @@ class GroupEngine:
                     and self._owner(s.path) == mine):  # another user's saves say nothing of this one's
                 return s.marker
         return ""
+
+    @staticmethod
+    def _add_writer(g: GroupState, tgid: int) -> None:
+        """``tgid`` writes into g: a writer (G7 waits for it), and its process session is g's job
+        (``sees``)."""
+        if tgid not in g.pids:
+            g.pids.append(tgid)
+        try:
+            g.sids.add(os.getsid(tgid))
+        except OSError:
+            pass
+
+    def sees(self, g: GroupState, pid: int) -> bool:
+        """Whether the process of thread ``pid`` sees open group g in listings: the daemon, and the
+        processes of its writers' job, i.e. their process sessions (every rank of one ``torchrun``
+        or ``mp.spawn``, the shell that started them).  Another job (an evaluation started with
+        ``setsid``, a cron job, another login) lists it only once it is sealed, as if the framework
+        had written it in a temporary directory and renamed it into place (issue 25)."""
+        if g.state != OPEN or pid <= 0:
+            return True
+        try:
+            sid = os.getsid(pid)
+        except OSError:
+            return True
+        if not g.sids:
+            for p in g.pids:
+                try:
+                    g.sids.add(os.getsid(p))
+                except OSError:
+                    pass
+        return sid in g.sids or not g.sids and not g.pids
 
     def _owner(self, path: str) -> int | None:
         """The uid owning directory ``path`` in the backing store (None if gone)."""

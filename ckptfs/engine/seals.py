@@ -75,6 +75,7 @@ class GroupState:
     made_by_writer: bool = False  # tentative, made by a writer of a sibling group (live only)
     refused: dict[str, str] = field(default_factory=dict)  # incomplete files refused at close (live only)
     moved_on: bool = False  # a writer of it began a newer sibling group afterwards (live only, issue 25)
+    sids: set[int] = field(default_factory=set)  # process sessions of its writers: its job (live only)
 
     @property
     def order(self) -> tuple[int, float]:
@@ -85,7 +86,7 @@ class GroupState:
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         for live_only in ("pids", "seal_requested", "last_activity", "corrupt", "written", "made_by_writer",
-                          "refused", "moved_on"):
+                          "refused", "moved_on", "sids"):
             d.pop(live_only)
         return d
 
