@@ -134,11 +134,28 @@ def move_group(store: BackingStore, path: str, to: str) -> None:
         store.fsync_dir(parent(path))
 
 
+def copy_owner_mode(store: BackingStore, src: str, dst: str) -> None:
+    """Give directory ``dst`` the owner, group and mode of ``src`` (best effort: a daemon that is not
+    root keeps its own uid)."""
+    try:
+        st = store.lstat(src)
+    except OSError:
+        return
+    try:
+        store.chown(dst, st.st_uid, st.st_gid)
+    except OSError:
+        pass
+    store.chmod(dst, stat.S_IMODE(st.st_mode))
+
+
 def move_tree_back(store: BackingStore, src: str, dst: str) -> None:
     """Move every file under ``src`` back to the same place under ``dst`` (a name already at
-    ``dst`` wins), then remove ``src``: the undo of :func:`move_group`; idempotent."""
+    ``dst`` wins), then remove ``src``: the undo of :func:`move_group`; idempotent.  A directory it
+    makes again gets the owner and mode ``src``'s kept (issue 26: an undone deletion came back
+    ``root:root 0755``, its user unable to remove it)."""
     if not store.exists(dst):
-        store.mkdir(dst, 0o755)
+        store.mkdir(dst, 0o700)
+        copy_owner_mode(store, src, dst)
         store.fsync_dir(parent(dst))
     if not store.exists(src):
         return

@@ -307,6 +307,8 @@ def test_rotation_before_new_group_seals_is_deferred(tmp_path: Path) -> None:
     m.start()
     try:
         save_hf_like(d, 1)
+        os.chown(d / "checkpoint-1", 65534, 65534)  # a user's checkpoint, private (issue 26)
+        os.chmod(d / "checkpoint-1", 0o700)
         save_hf_like(d, 2, marker=False)
         shutil.rmtree(d / "checkpoint-1")  # the app rotates too early
         assert os.listdir(d) == ["checkpoint-2"]
@@ -314,6 +316,8 @@ def test_rotation_before_new_group_seals_is_deferred(tmp_path: Path) -> None:
         m.start()
         assert os.listdir(d) == ["checkpoint-1"]
         assert status(d / "checkpoint-1") == "sealed"
+        st = os.stat(d / "checkpoint-1")  # back with its owner and mode (was root:root 0755)
+        assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (65534, 65534, 0o700)
         assert torch.equal(torch.load(d / "checkpoint-1/model.pt")["w"], torch.full((64,), 1.0))
         # now the same with the newer group sealing: the deferred deletion happens then
         save_hf_like(d, 2, marker=False)

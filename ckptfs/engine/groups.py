@@ -75,7 +75,16 @@ from ckptfs.engine.seals import (
     remove_seal,
     write_seal,
 )
-from ckptfs.layout import TRASH, drop_prefix, move_group, move_prefix, move_tree_back, parent, rmtree
+from ckptfs.layout import (
+    TRASH,
+    copy_owner_mode,
+    drop_prefix,
+    move_group,
+    move_prefix,
+    move_tree_back,
+    parent,
+    rmtree,
+)
 from ckptfs.rules import CHECKPOINT_FILES, SIGNATURE_DEPTH, TMP_DIR_RE, Rule, parent_and_base, step_of
 
 if TYPE_CHECKING:
@@ -842,6 +851,8 @@ class GroupEngine:
             p = parent(p)
         for d in reversed(missing):
             self.store.mkdir(d, 0o700)
+            if d == to or d.startswith(to + "/"):  # the user's directory it stands for: its owner and
+                copy_owner_mode(self.store, g.path + d[len(to):], d)  # mode, for an undo (issue 26)
             self.store.fsync_dir(parent(d))
         self.ns_op({"op": "rename", "src": path, "dst": dst, "ino": self.store.lstat(path).st_ino},
                    lambda: self.store.rename(path, dst),
