@@ -97,6 +97,39 @@ def _sealed_problem(store: BackingStore, g: GroupState) -> str | None:
     return None
 
 
+def _seal_records_only(problem: str) -> bool:
+    """Whether ``problem`` (from :func:`_sealed_problem`) is about the seal's own records in
+    ``.ckptfs/groups``, not about the group's files."""
+    return not problem.startswith("file ")
+
+
+def _members_verify(store: BackingStore, files: dict[str, FileRecord], g: GroupState) -> bool:
+    """Whether every file recorded in g is there and verifies against its record, and they are as
+    many as g held when it was sealed (a file deleted while unmounted lost its record: incomplete)."""
+    from ckptfs.hashing import digest_fd
+
+    pre = g.path + "/"
+    members = {k: r for k, r in files.items() if k.startswith(pre)}
+    if not members or (g.files and len(members) < g.files):
+        return False
+    for k, r in members.items():
+        try:
+            if store.lstat(k).st_size != r.size:
+                return False
+            fd = store.open(k, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            return False
+        try:
+            whole, _chunks = digest_fd(store, fd, r.size)
+        except OSError:
+            return False
+        finally:
+            store.close(fd)
+        if whole != r.blake3:
+            return False
+    return True
+
+
 def _hidden(store: BackingStore, files: dict[str, FileRecord], groups: dict[str, GroupState],
             quarantine: qt.Table, g: GroupState, state: str, reason: str, target: str) -> str:
     """g is (now) at ``target``: it leaves the group table for a row of the quarantine table."""
@@ -189,6 +222,13 @@ def settle_groups(store: BackingStore, files: dict[str, FileRecord], groups: dic
                 continue
             problem = _sealed_problem(store, g)
             if problem is None:
+                continue
+            if _seal_records_only(problem) and _members_verify(store, files, g):
+                # the seal's own records are damaged (garbage in .ckptfs/groups) but every file of the
+                # group verifies against the record it carries: the data is intact, so the seal is
+                # rebuilt from those records instead of quarantining it (issue 25)
+                notes.append(_reseal(store, files, g, f"recovery: seal records damaged ({problem}); rebuilt "
+                                                      "from the files' own records"))
                 continue
             state, reason = CORRUPT, f"seal does not verify: {problem}"
         move_group(store, path, target)

@@ -659,3 +659,36 @@ def test_torn_resave_rolls_back_after_daemon_crash(tmp_path: Path, crash_in_reco
         m.stop()
     aside = [p.name for q in (d / META_DIR / "quarantine").iterdir() for p in q.iterdir()]
     assert sorted(aside) == ["extra.pt", "model.pt"]  # the re-save's committed files, kept
+
+
+@pytest.mark.parametrize("damage", ["commit-garbage", "manifest-garbage", "both-gone"])
+def test_damaged_seal_records_of_an_intact_group_are_rebuilt_not_quarantined(tmp_path: Path, damage: str) -> None:
+    """Issue 25: garbage in ``.ckptfs/groups/*`` written while unmounted sent an intact group to
+    quarantine ("COMMIT record unreadable") although every file verified against its own record.
+    Recovery rebuilds the seal from those records; a group whose files do not all verify (or one
+    missing) is still quarantined as corrupt."""
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    with Mount(d).start():
+        want = save_hf_like(d, 1)
+        save_hf_like(d, 2)
+    seals = d / META_DIR / "groups"
+    files = sorted(seals.iterdir())
+    assert files, "no seal records"
+    for f in files:
+        if damage == "commit-garbage" and f.name.endswith(".commit"):
+            f.write_bytes(b"\x00garbage")
+        elif damage == "manifest-garbage" and f.name.endswith(".manifest"):
+            f.write_bytes(b"{not json")
+        elif damage == "both-gone":
+            f.unlink()
+    (d / "checkpoint-2" / "optimizer.pt").write_bytes(b"changed while unmounted")  # really corrupt
+    with Mount(d).start():
+        assert status(d / "checkpoint-1") == "sealed"
+        assert torch.equal(torch.load(d / "checkpoint-1" / "model.pt")["w"], want["w"])
+        assert not (d / "checkpoint-2").exists()  # its data does not verify: quarantined as before
+        rows = {r["path"]: r for r in json.loads(os.getxattr(d, "user.ckptfs.quarantine"))}
+        assert "checkpoint-2" in rows and "checkpoint-1" not in rows, rows
+    r = subprocess.run([sys.executable, "-m", "ckptfs", "verify", str(d)], capture_output=True, text=True,
+                       env=_env())
+    assert "checkpoint-1" not in r.stderr, r.stderr
