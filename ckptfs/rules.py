@@ -40,6 +40,7 @@ come before the defaults.
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from dataclasses import dataclass, field
@@ -233,8 +234,20 @@ def parse_config(data: bytes, source: str = CONFIG_NAME) -> RuleSet:
         doc = _load_toml(data)
     except Exception as e:  # tomllib.TOMLDecodeError and UnicodeDecodeError
         raise ConfigError(f"{source}: {e}") from None
+    try:
+        return _rules_of(doc, source)
+    except (TypeError, ValueError, AttributeError, OverflowError) as e:  # a value of the wrong kind
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"{source}: {e}") from None
+
+
+def _rules_of(doc: dict[str, Any], source: str) -> RuleSet:
     user: list[Rule] = []
-    for i, g in enumerate(doc.get("group", [])):
+    groups = doc.get("group", [])
+    if not isinstance(groups, list):
+        raise ConfigError(f"{source}: 'group' must be an array of tables ([[group]])")
+    for i, g in enumerate(groups):
         if not isinstance(g, dict) or not (g.get("pattern") or g.get("contains")):
             raise ConfigError(f"{source}: [[group]] #{i + 1} needs a 'pattern' or 'contains'")
         markers = tuple(g.get("markers", ())) + ((g["marker"],) if "marker" in g else ())
@@ -250,13 +263,12 @@ def parse_config(data: bytes, source: str = CONFIG_NAME) -> RuleSet:
                 signature=str(g.get("signature", ".*"))))
         except re.error as e:
             raise ConfigError(f"{source}: [[group]] #{i + 1}: bad regular expression: {e}") from None
-    try:
-        return RuleSet(rules=tuple(user) + DEFAULT_RULES,
-                       idle_seconds=float(doc.get("idle_seal_seconds", DEFAULT_IDLE_SECONDS)),
-                       keep_last=int(doc.get("keep_last", 0)), keep_every=int(doc.get("keep_every", 0)),
-                       source=source)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"{source}: {e}") from None
+    idle = float(doc.get("idle_seal_seconds", DEFAULT_IDLE_SECONDS))
+    keep_last, keep_every = int(doc.get("keep_last", 0)), int(doc.get("keep_every", 0))
+    if not math.isfinite(idle) or idle < 0 or keep_last < 0 or keep_every < 0:
+        raise ConfigError(f"{source}: idle_seal_seconds, keep_last and keep_every must be finite and >= 0")
+    return RuleSet(rules=tuple(user) + DEFAULT_RULES, idle_seconds=idle, keep_last=keep_last,
+                   keep_every=keep_every, source=source)
 
 
 def parent_and_base(path: str) -> tuple[str, str]:

@@ -64,9 +64,12 @@ def decode_frames(data: bytes) -> tuple[list[dict], int]:
         if zlib.crc32(payload) != crc:
             break
         try:
-            out.append(json.loads(payload))
+            doc = json.loads(payload)
         except ValueError:
             break
+        if not isinstance(doc, dict):
+            break  # every frame ckptfs writes is an object: anything else is damage
+        out.append(doc)
         pos = end
     return out, pos
 

@@ -28,6 +28,7 @@ import blake3
 
 from ckptfs import META_DIR
 from ckptfs.engine.seals import write_durable
+from ckptfs.layout import safe_rel
 
 if TYPE_CHECKING:
     from ckptfs.backing import BackingStore
@@ -56,9 +57,15 @@ class UploadState:
         doc = _read(store, _name(group))
         if doc is None or doc.get("group") != group or (manifest and doc.get("manifest") != manifest):
             return st  # U3: another seal's state
-        st.files = {rel: {"upload_id": f.get("upload_id", ""),
-                          "parts": {int(n): e for n, e in f.get("parts", {}).items()},
-                          "done": f.get("done")} for rel, f in doc.get("files", {}).items()}
+        try:  # a damaged or hostile state is no state (the upload starts over; issue 26)
+            files = {rel: {"upload_id": str(f.get("upload_id", "")),
+                           "parts": {int(n): str(e) for n, e in f.get("parts", {}).items()},
+                           "done": f.get("done")} for rel, f in doc.get("files", {}).items()}
+            if not all(isinstance(rel, str) and safe_rel(rel) for rel in files):
+                raise ValueError("a file name outside the group")
+        except (AttributeError, TypeError, ValueError):
+            return st
+        st.files = files
         st.part_up, st.committed = bool(doc.get("part_up")), bool(doc.get("committed"))
         return st
 
@@ -105,7 +112,8 @@ def loose_states(store: BackingStore) -> list[str]:
     out = []
     for n in sorted(names):
         doc = _read(store, f"{MIRROR_DIR}/{n}") if n.endswith(".json") else None
-        if doc is not None and str(doc.get("manifest", "")).startswith(LOOSE) and doc.get("group"):
+        if (doc is not None and str(doc.get("manifest", "")).startswith(LOOSE) and doc.get("group")
+                and safe_rel(doc["group"])):  # a path read from disk names a file inside, or nothing
             out.append(str(doc["group"]))
     return out
 
