@@ -65,3 +65,21 @@ def locate(path: str) -> Where:
         raise CliError(f"{path}: not inside a ckptfs mount or a directory ckptfs has managed "
                        f"(no {META_DIR}/ above it)")
     return Where(root, os.path.relpath(os.path.abspath(path), root).removeprefix("."), False)
+
+
+def walk(top: str):  # type: ignore[no-untyped-def]
+    """``os.walk(top)`` without recursion (Python 3.11's recursed into RecursionError on a tree
+    1,000 levels deep, issue 26): (dirpath, dirnames, filenames) top-down, names sorted; prune by
+    editing ``dirnames``.  Unreadable directories are skipped; links are not followed."""
+    stack = [top]
+    while stack:
+        d = stack.pop()
+        try:
+            with os.scandir(d) as it:
+                ents = sorted(it, key=lambda e: e.name)
+        except OSError:
+            continue
+        dirs = [e.name for e in ents if e.is_dir(follow_symlinks=False)]
+        files = [e.name for e in ents if not e.is_dir(follow_symlinks=False)]
+        yield d, dirs, files
+        stack.extend(os.path.join(d, n) for n in reversed(dirs))

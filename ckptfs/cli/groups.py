@@ -18,7 +18,7 @@ import blake3
 
 from ckptfs import offline
 from ckptfs.backing import OsBackingStore
-from ckptfs.cli.common import CliError, Where, locate
+from ckptfs.cli.common import CliError, Where, locate, walk
 from ckptfs.engine import quarantine as qt
 from ckptfs.engine.replay import Replayed
 from ckptfs.engine.seals import CORRUPT, OPEN, SEALED, TORN, GroupState, SealError, read_seal
@@ -301,7 +301,7 @@ def verify_group_offline(root: str, g: GroupState, out: list[str]) -> int:
         elif _hash_file(p) != rec["blake3"]:
             out.append(f"{g.path}/{rel}: content does not match its blake3 in the manifest")
     gdir = os.path.join(root, g.path)
-    for dirpath, _, names in os.walk(gdir):
+    for dirpath, _, names in walk(gdir):
         for name in names:
             rel = os.path.relpath(os.path.join(dirpath, name), gdir)
             if rel not in manifest["files"]:
@@ -317,7 +317,7 @@ def verify_group_mounted(root: str, rel: str, out: list[str]) -> int:
         out.append(f"{rel}: group is {status}, not sealed")
         return 0
     n = 0
-    for dirpath, _, names in os.walk(gdir):
+    for dirpath, _, names in walk(gdir):
         for name in names:
             p = os.path.join(dirpath, name)
             n += 1
@@ -353,7 +353,7 @@ def verify_groups(a: argparse.Namespace) -> tuple[int, str]:
             targets = [rel]
         else:  # every sealed group at any depth under it (issue 25: two levels down were missed)
             targets = []
-            for dirpath, dirnames, _files in os.walk(p):
+            for dirpath, dirnames, _files in walk(p):
                 dirnames.sort()
                 try:
                     here = json.loads(os.getxattr(dirpath, X_GROUPS))

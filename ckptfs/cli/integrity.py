@@ -27,7 +27,7 @@ import time
 
 from ckptfs import META_DIR
 from ckptfs.backing import OsBackingStore
-from ckptfs.cli.common import CliError, find_backing_root, find_mount_root, is_ckptfs_mount
+from ckptfs.cli.common import CliError, find_backing_root, find_mount_root, is_ckptfs_mount, walk
 from ckptfs.integrity.verify import (
     Finding,
     ProgressBar,
@@ -126,7 +126,7 @@ def _walk(path: str) -> list[str]:
     if not os.path.isdir(path):
         return [path]
     out = []
-    for d, dirs, files in os.walk(path):
+    for d, dirs, files in walk(path):
         dirs.sort()
         out += [os.path.join(d, f) for f in sorted(files)]
     return out
