@@ -204,3 +204,17 @@ def test_retention_and_sibling_rules_stay_within_one_owner(tmp_path: Path) -> No
         import shutil
 
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_user_mounts_through_fusermount3_without_opening_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 26: as a user, ckptfs opened ``/dev/fuse`` itself before calling the setuid
+    ``fusermount3``, so where the device is 0600 (as on this machine) no user could mount.  Not
+    root, the device is never opened here: fusermount3 opens it and passes the fd back (its real
+    protocol: ``test_native.py::test_fusermount3_passes_a_working_fuse_connection``)."""
+    from ckptfs.fuse import session
+
+    called = []
+    monkeypatch.setattr(session.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(session, "fusermount_mount", lambda t, s, a: called.append((t, s, a)) or 42)
+    assert session.kernel_mount("/mnt/x", "ckptfs:x", False, dev="/nonexistent/fuse") == 42
+    assert called == [("/mnt/x", "ckptfs:x", False)]

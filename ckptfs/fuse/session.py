@@ -60,7 +60,11 @@ def mount_options(allow_other: bool) -> str:
 
 
 def kernel_mount(target: str, source: str, allow_other: bool, dev: str = "/dev/fuse") -> int:
-    """Open ``/dev/fuse`` and mount it at ``target``; the connection's fd."""
+    """Open ``/dev/fuse`` and mount it at ``target``; the connection's fd.  Not root: the setuid
+    ``fusermount3`` opens the device and passes the fd back, so a ``/dev/fuse`` this user may not
+    open (mode 0600) is no obstacle (issue 26: it was opened here first, and failed)."""
+    if os.geteuid() != 0:
+        return fusermount_mount(target, source, allow_other)
     try:
         fd = os.open(dev, os.O_RDWR | os.O_CLOEXEC)
     except OSError as e:
@@ -76,7 +80,7 @@ def kernel_mount(target: str, source: str, allow_other: bool, dev: str = "/dev/f
         os.close(fd)
         raise NativeUnavailable(f"mount({target}): {os.strerror(err)}")
     os.close(fd)
-    return fusermount_mount(target, source, allow_other)
+    return fusermount_mount(target, source, allow_other)  # (not reached: root mounts with mount(2))
 
 
 def fusermount_mount(target: str, source: str, allow_other: bool) -> int:
