@@ -218,3 +218,28 @@ def test_a_user_mounts_through_fusermount3_without_opening_the_device(monkeypatc
     monkeypatch.setattr(session, "fusermount_mount", lambda t, s, a: called.append((t, s, a)) or 42)
     assert session.kernel_mount("/mnt/x", "ckptfs:x", False, dev="/nonexistent/fuse") == 42
     assert called == [("/mnt/x", "ckptfs:x", False)]
+
+
+def test_a_filesystem_mounted_inside_the_mount_stays_mounted(tmp_path: Path) -> None:
+    """Issue 26: a tmpfs mounted inside a ckptfs mount was silently detached when a group sealed
+    beside it (the kernel revalidates every dentry after an epoch bump, and invalidating a
+    mountpoint detaches its mount); later writes landed in the directory underneath."""
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    with Mount(d).start():
+        (d / "sub").mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "none", str(d / "sub")], check=True)
+        try:
+            (d / "sub" / "x").write_text("on the tmpfs")
+            (d / "checkpoint-1").mkdir()
+            subprocess.run([sys.executable, "-c", "import sys, torch; torch.save({'a': 1}, sys.argv[1])",
+                            str(d / "checkpoint-1" / "model.pt")], check=True, env=_env())
+            (d / "checkpoint-1" / "trainer_state.json").write_text("{}")
+            import time as _t
+
+            _t.sleep(0.5)
+            assert os.listdir(d / "sub") == ["x"]
+            assert subprocess.run(["mountpoint", "-q", str(d / "sub")]).returncode == 0
+            assert os.getxattr(d / "checkpoint-1", "user.ckptfs.status") == b"sealed"
+        finally:
+            subprocess.run(["umount", str(d / "sub")], capture_output=True)

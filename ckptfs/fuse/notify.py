@@ -86,6 +86,21 @@ class Notifier:
         in the kernel, so this is safe on the request's own thread."""
         self._send(k.NOTIFY_INVAL_INODE, n.nid)
 
+    def _submounts(self) -> bool:
+        """Whether a filesystem is mounted somewhere below this mount.  The kernel revalidates every
+        dentry after an epoch bump and one it invalidates takes the mounts on it along
+        (``d_invalidate`` detaches them: issue 26, a tmpfs in the mount vanished when a group sealed
+        beside it).  So with submounts no epoch is bumped and entries are no longer cached."""
+        top = self.ops.fs.mountpoint
+        if not top:
+            return False
+        try:
+            from ckptfs.mounts import read_mountinfo
+
+            return any(m.mountpoint.startswith(top.rstrip("/") + "/") for m in read_mountinfo())
+        except OSError:
+            return False
+
     def epoch_now(self) -> None:
         """Make every cached dentry be looked up again at its next use, before the current
         request is answered (a writer's open made a name resolve per caller: nodes.py T5).
@@ -132,6 +147,13 @@ class Notifier:
         """Write one notification; False once the connection is gone.  INVAL_INODE with ``off`` -1
         drops the node's attributes, with 0 also its cached pages: for a directory, the listing
         the kernel keeps (FOPEN_CACHE_DIR), cheap to drop and refetched at the next readdir."""
+        if code == k.NOTIFY_INC_EPOCH and self._submounts():
+            if self.ops.entry_cache:
+                log.warning("a filesystem is mounted inside the mount: names are no longer cached by the "
+                            "kernel (an epoch bump would detach it)")
+                self.ops.entry_cache = False
+            self.ops.fs.stats["epochs_withheld_for_submounts"] += 1
+            return True
         payload = b"" if code == k.NOTIFY_INC_EPOCH else k.NOTIFY_INVAL_INODE_OUT.pack(nid, off, 0)
         try:
             os.writev(self.fd, [k.OUT_HEADER.pack(k.OUT_HEADER.size + len(payload), code, 0), payload])
