@@ -243,3 +243,19 @@ def test_a_filesystem_mounted_inside_the_mount_stays_mounted(tmp_path: Path) -> 
             assert os.getxattr(d / "checkpoint-1", "user.ckptfs.status") == b"sealed"
         finally:
             subprocess.run(["umount", str(d / "sub")], capture_output=True)
+
+
+def test_recover_and_forget_refuse_what_is_not_theirs(tmp_path: Path) -> None:
+    """Issue 26: ``recover`` turned a plain directory into a ckptfs directory; ``forget`` of a path
+    with no record exited 0."""
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    r = ckptfs("recover", str(plain))
+    assert r.returncode == 2 and "not a ckptfs directory" in r.stderr, r.stderr
+    assert not (plain / META_DIR).exists()
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    with Mount(d).start():
+        (d / "a.json").write_text("{}")
+    r = ckptfs("forget", str(d), "unknown.pt")
+    assert r.returncode == 1 and "no record" in r.stderr, r.stderr

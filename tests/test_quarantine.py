@@ -245,7 +245,7 @@ def test_table_survives_replay_compaction_recovery_and_forget(tmp_path: Path) ->
         fs.shutdown()
     r = subprocess.run([sys.executable, "-m", "ckptfs", "forget", str(tmp_path), "nothing.pt"], env=_env(),
                        capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 1 and "nothing.pt: no record" in r.stderr, r.stderr  # (issue 26: it said 0)
     assert _offline(tmp_path) == want
 
 

@@ -237,10 +237,12 @@ def cmd_forget(a: argparse.Namespace) -> int:
     try:
         j = Journal(store)
         rep = recover(store, j)
+        unknown = 0
         for f in a.files:
             rel = f.strip("/")
             if rep.files.pop(rel, None) is None:
                 print(f"ckptfs: {rel}: no record", file=sys.stderr)
+                unknown += 1
             for g in rep.generations.pop(rel, []):
                 store.unlink(g.name)
             try:  # the record the file itself carries (R1): else the next recovery reads it back
@@ -251,6 +253,8 @@ def cmd_forget(a: argparse.Namespace) -> int:
         # generations (recover() set j.extra_state to read rep.generations, popped above)
         j.compact(rep.files, rep.aborts, {p: g.to_json() for p, g in rep.groups.items()}, clean=True)
         print(f"ckptfs: {len(rep.files)} committed files remain recorded")
+        if unknown:
+            return 1  # a path that had no record: the command found a problem (issue 26: it said 0)
     finally:
         store.shutdown()
     return 0

@@ -326,6 +326,8 @@ def cmd_recover(a: argparse.Namespace) -> int:
         raise CliError(f"{d}: no such directory")
     if is_ckptfs_mount(d):
         raise CliError(f"{d}: is mounted; the daemon recovers on mount")
+    if not os.path.isdir(os.path.join(d, META_DIR)):
+        raise CliError(f"{d}: not a ckptfs directory (no {META_DIR}): nothing to recover")
     store = OsBackingStore(d)
     try:
         if a.rebuild and store.exists(SNAPSHOT):
