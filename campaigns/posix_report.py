@@ -25,6 +25,8 @@ from pathlib import Path
 from . import pjdfstest as pjd
 from .common import ROOT, fstype, interruptible, machine
 
+FSX_MARK = "<!-- fsx campaign (scripts/fsx_campaign) -->"
+
 RESULTS = ROOT / "docs" / "results"
 
 
@@ -176,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.update_known:
         update_known(res["ckptfs"]["failures"])
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render(res))
+    kept = ""
+    if out.exists() and FSX_MARK in out.read_text():  # the fsx campaign's section (xfstests_report)
+        kept = out.read_text()[out.read_text().index(FSX_MARK):]
+    out.write_text(render(res) + ("\n" + kept if kept else ""))
     print(f"wrote {out}")
     return 0

@@ -76,6 +76,32 @@ def run(transport: str, ops: int, seeds: list[int], race_s: float, out: dict) ->
     return lines
 
 
+def write_section(lines: list[str], a: argparse.Namespace, out: dict) -> None:
+    """Replace the fsx section of docs/results/posix.md (after ``FSX_MARK``; the pjdfstest report
+    above it keeps it)."""
+    import subprocess
+
+    from campaigns.posix_report import FSX_MARK
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=ROOT).stdout.strip()
+    md = ROOT / "docs" / "results" / "posix.md"
+    text = md.read_text() if md.exists() else ""
+    head = text[:text.index(FSX_MARK)] if FSX_MARK in text else text.rstrip() + "\n\n"
+    body = [FSX_MARK, "", "## fsx, fsstress and the rename race (issue 24)", "",
+            f"Written by `scripts/fsx_campaign` (`campaigns/xfstests_report.py`), run "
+            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {commit}, 2 cores.  Every run is "
+            f"compared with the same program, seed and options natively (ext4 under /tmp): fsx with "
+            f"{', '.join(xc.SETS)} on a plain name, a checkpoint name and a file in a live group, "
+            f"{a.ops} ops, seeds 1-{a.seeds}; two fsx at once; fsx reopening every 50 ops beside a reader "
+            f"process; fsstress -p 4 -n 3000; then `ckptfs verify` and every file read after a remount.  "
+            f"The rename race: a writer `write NAME.part; rename(NAME.part, NAME)` in a loop beside a reader "
+            f"opening, fstatting and reading NAME, {a.race_seconds:.0f} s per name.  Collapse and insert range "
+            f"are off in both runs (the FUSE kernel module refuses them); raw results: "
+            f"`docs/results/raw/fsx_campaign.json`.", "", *lines, ""]
+    md.write_text(head + "\n".join(body))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--ops", type=int, default=50000)
@@ -92,6 +118,7 @@ def main() -> int:
     raw.mkdir(parents=True, exist_ok=True)
     (raw / "fsx_campaign.json").write_text(json.dumps(out, indent=1, sort_keys=True))
     print("\n".join(lines))
+    write_section(lines, a, out)
     bad = any(not r["ok"] for t in out.values() if isinstance(t, dict) for r in t.get("rows", []))
     return 1 if bad else 0
 
