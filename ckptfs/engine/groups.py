@@ -134,6 +134,7 @@ class GroupEngine:
         self.lock = lock
         self.commit_lock = commit_lock
         self.stats = stats
+        self._exit_known: dict[int, str] = {}  # tgid -> how it ended ("" clean or unknown): _writer_failed
         self.gens = gens
         self.events = events
         self.barrier = barrier  # order after every earlier commit (async mode)
@@ -553,7 +554,13 @@ class GroupEngine:
         if not w.available:
             return ""
         for p in g.pids:
-            why = exits.interrupted(w.wait_status(p, timeout=0.05))
+            if p in self._exit_known:
+                why = self._exit_known[p]
+            else:  # (its event may trail its reaping a little; asked once per process)
+                why = exits.interrupted(w.wait_status(p, timeout=0.3))
+                self._exit_known[p] = why
+                while len(self._exit_known) > 4096:
+                    self._exit_known.pop(next(iter(self._exit_known)))
             if why:
                 return f"writer killed: pid {p} {why} before the group was sealed"
         return ""
@@ -573,10 +580,10 @@ class GroupEngine:
                 return s.marker
         return ""
 
-    @staticmethod
-    def _add_writer(g: GroupState, tgid: int) -> None:
+    def _add_writer(self, g: GroupState, tgid: int) -> None:
         """``tgid`` writes into g: a writer (G7 waits for it), and its process session is g's job
-        (``sees``)."""
+        (``sees``).  A live process: whatever an earlier process of that pid left is forgotten."""
+        self._exit_known.pop(tgid, None)
         if tgid not in g.pids:
             g.pids.append(tgid)
         try:
