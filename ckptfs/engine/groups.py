@@ -239,6 +239,8 @@ class GroupEngine:
     def note_write(self, path: str, pid: int) -> None:
         """A version of file ``path`` is about to be created: open its group if this file is evidence
         of a checkpoint (``_candidate``), or reopen the sealed group it changes."""
+        if pid:
+            self._moved_on(path, procinfo.tgid(pid))
         g = self.group_of(path)
         if g is None:
             cand = self._candidate(path)
@@ -579,6 +581,14 @@ class GroupEngine:
                     and self._owner(s.path) == mine):  # another user's saves say nothing of this one's
                 return s.marker
         return ""
+
+    def _moved_on(self, path: str, tgid: int) -> None:
+        """Process ``tgid`` writes ``path``: every open group it wrote into that does not hold
+        ``path`` is one it had finished (a ``latest`` pointer written after the step directory, the
+        next step's directory, a log): a later kill says nothing about it (``_writer_failed``)."""
+        for g in list(self.groups.values()):
+            if g.state == OPEN and not g.moved_on and tgid in g.pids and not path.startswith(g.path + "/"):
+                g.moved_on = True
 
     def _add_writer(self, g: GroupState, tgid: int) -> None:
         """``tgid`` writes into g: a writer (G7 waits for it), and its process session is g's job
