@@ -32,6 +32,8 @@ def run(transport: str, ops: int, seeds: list[int], race_s: float, out: dict) ->
         with Mount(mp).start():
             for opts in xc.SETS:
                 for name in xc.NAMES:
+                    if not xc.applies(name, opts):
+                        continue
                     for seed in seeds:
                         rows.append(xc.fsx_pair(bindir, native, mp, name, opts, seed, ops))
                         print(rows[-1].line(), flush=True)

@@ -682,7 +682,7 @@ class CkptFS:
                 gone = self.replaced.get(path)
                 if gone is None:
                     raise
-                return dict(gone, st_nlink=0)
+                return {k: v for k, v in gone.items() if k != "origin"} | {"st_nlink": 0}
         self._check_visible(path)
         v = self._seen_by(path, caller)
         if v is not None:
@@ -889,6 +889,11 @@ class CkptFS:
 
         return self._new_fh(Handle(path=path, writable=writable, appending=app, fd=fd, pid=caller.pid),
                             decide)
+
+    def replaced_origin(self, hidden: str) -> str | None:
+        """The name that hidden name ``hidden`` had before a rename replaced it (T6), if known."""
+        gone = self.replaced.get(hidden)
+        return None if gone is None else gone.get("origin")
 
     def _open_hidden(self, path: str, flags: int, caller: Caller) -> int:
         """Open of a file libfuse has just hidden (``.fuse_hidden*``): the kernel looked the name up
@@ -1568,7 +1573,7 @@ class CkptFS:
                 gone = None
             if gone is not None:
                 with self.lock:
-                    self.replaced[hidden] = gone
+                    self.replaced[hidden] = dict(gone, origin=old)
                     while len(self.replaced) > REPLACED_KEPT:
                         self.replaced.popitem(last=False)
         with self.lock:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import logging
 import os
 import sys
@@ -99,7 +100,18 @@ def make_operations(mfusepy: Any, fs: CkptFS) -> Any:
             return fh
 
         def open(self, path: str, flags: int) -> int:
-            return fs.open(path, flags, caller())
+            try:
+                return fs.open(path, flags, caller())
+            except OSError as e:
+                # T6 on libfuse: its node still names the file a rename replaced, and no handle
+                # holds it any more.  The kernel repeats an ESTALE open once, but libfuse may answer
+                # that repeat ESTALE itself (the name's new node is renamed over too): the open is
+                # served by the file now at the name, as an open just after the rename would be
+                origin = fs.replaced_origin(path) if e.errno == errno.ESTALE else None
+                if origin is None:
+                    raise
+                fs.stats["replaced_opens_redirected"] += 1
+                return fs.open(origin, flags, caller())
 
         def open_direct_io(self, fh: int) -> bool:
             """Whether the open or create that returned ``fh`` bypasses the page cache (fs.direct_io)."""
