@@ -172,6 +172,11 @@ class CkptFS:
         self.handles: dict[int, Handle] = {}
         self.inodes = InodeMap()  # the st_ino the mount reports (stable across versions)
         self.hidden: dict[str, str] = {}  # libfuse's .fuse_hidden name of an open, unlinked file -> its old path
+        # the committed view (.ckptfs-committed) never shadows a real directory of that name (issue 26:
+        # the user's files in it were hidden behind the view)
+        self.view_enabled = not store.exists(COMMITTED_VIEW)
+        if not self.view_enabled:
+            log.warning("%s exists in the directory: the committed view is off for this mount", COMMITTED_VIEW)
         self.mountpoint: str | None = None  # where it is mounted (absolute), set by the mount command
         # T6: hidden names of files renamed over -> their attributes then (bounded; oldest dropped).
         # A request still arriving on one after its last handle closed (the kernel's walk began before
@@ -246,10 +251,13 @@ class CkptFS:
     def norm(path: str) -> str:
         return path.strip("/")
 
+    def _is_view(self, path: str) -> bool:
+        return self.view_enabled and is_view(path)
+
     def _check_visible(self, path: str) -> None:
         if is_meta(path):
             raise _err(errno.ENOENT)
-        if is_view(path):
+        if self._is_view(path):
             raise _err(errno.EROFS)
 
     def _view_real(self, path: str) -> str:
@@ -258,7 +266,7 @@ class CkptFS:
         The view shows only sealed groups and installed file versions (the
         backing path's content), never open, torn or corrupt groups."""
         real = path[len(COMMITTED_VIEW):].strip("/")
-        if is_meta(real) or is_view(real):
+        if is_meta(real) or self._is_view(real):
             raise _err(errno.ENOENT)
         g = self.groups.get(real)
         if g is not None and g.state != SEALED:
@@ -328,7 +336,7 @@ class CkptFS:
         group and emits an event, which drops them (C1).  (They were uncached too until the W7
         profile: 77 LOOKUP/GETATTR requests per 5-file group, a third of the daemon's time.)"""
         path = self.norm(path)
-        if is_view(path) or is_meta(path) or path in self.hidden:
+        if self._is_view(path) or is_meta(path) or path in self.hidden:
             return True
         with self.lock:
             if path in self.pending or path in self.queued:
@@ -659,7 +667,7 @@ class CkptFS:
 
     def getattr(self, path: str, fh: int | None = None, caller: Caller = NOBODY) -> dict[str, Any]:
         path = self.norm(path)
-        if is_view(path):
+        if self._is_view(path):
             return self._st(self.store.lstat(self._view_real(path)))
         if fh is not None:
             # fstat of an open file answers from its handle: it keeps working after the name is
@@ -705,7 +713,7 @@ class CkptFS:
         """Entries of directory ``path``: (name, {st_ino, st_mode type bits}, 0).  The mount reports
         backing inode numbers (``use_ino``: hard links share one), so every entry carries its own."""
         path = self.norm(path)
-        if is_view(path):
+        if self._is_view(path):
             real = self._view_real(path)
             pre = real + "/" if real else ""
             shown = []
@@ -756,7 +764,7 @@ class CkptFS:
 
     def readlink(self, path: str) -> str:
         path = self.norm(path)
-        if is_view(path):
+        if self._is_view(path):
             return self.store.readlink(self._view_real(path))
         self._check_visible(path)
         return self.store.readlink(path)
@@ -781,7 +789,7 @@ class CkptFS:
 
     def create(self, path: str, mode: int, flags: int = os.O_WRONLY, caller: Caller = NOBODY) -> int:
         path = self.norm(path)
-        if is_view(path):
+        if self._is_view(path):
             raise _err(errno.EROFS)
         if is_meta(path) or path == "":
             raise _err(errno.EACCES)
@@ -828,7 +836,7 @@ class CkptFS:
         path = self.norm(path)
         acc = flags & os.O_ACCMODE
         writable = acc in (os.O_WRONLY, os.O_RDWR)
-        if is_view(path):
+        if self._is_view(path):
             if writable or flags & os.O_TRUNC:
                 raise _err(errno.EROFS)
             real = self._view_real(path)
@@ -1373,7 +1381,7 @@ class CkptFS:
     # ----------------------------------------------------- namespace changes
     def mkdir(self, path: str, mode: int, caller: Caller = NOBODY) -> None:
         path = self.norm(path)
-        if is_view(path):
+        if self._is_view(path):
             raise _err(errno.EROFS)
         if is_meta(path):
             raise _err(errno.EACCES)
@@ -1407,7 +1415,7 @@ class CkptFS:
 
     def symlink(self, target: str, path: str, caller: Caller = NOBODY) -> None:
         path = self.norm(path)
-        if is_view(path):
+        if self._is_view(path):
             raise _err(errno.EROFS)
         if is_meta(path):
             raise _err(errno.EACCES)
@@ -1476,7 +1484,7 @@ class CkptFS:
         """A fifo, socket or device node (as the backing filesystem allows); a regular file made by
         mknod(2) is an empty committed file."""
         path = self.norm(path)
-        if is_view(path):
+        if self._is_view(path):
             raise _err(errno.EROFS)
         if is_meta(path) or path == "":
             raise _err(errno.EACCES)
@@ -1513,7 +1521,7 @@ class CkptFS:
         bytes it had: the link is broken by the write.  docs/design.md, "Hard links"."""
         old, new = self.norm(old), self.norm(new)
         self._check_visible(old)
-        if is_view(new):
+        if self._is_view(new):
             raise _err(errno.EROFS)
         if is_meta(new) or new == "":
             raise _err(errno.EACCES)
@@ -1591,7 +1599,7 @@ class CkptFS:
             self._hide(old, new, caller)
             return
         self._check_visible(old)
-        if is_view(new):
+        if self._is_view(new):
             raise _err(errno.EROFS)
         if is_meta(new) or new == "":
             raise _err(errno.EACCES)
@@ -1856,7 +1864,7 @@ class CkptFS:
         if name == "security.capability":
             raise _err(ENODATA)
         path = self.norm(path)
-        if is_view(path):
+        if self._is_view(path):
             path = self._view_real(path)
         self._check_visible(path)
         if name.startswith(PREFIX):
@@ -1874,7 +1882,7 @@ class CkptFS:
         ``rsync -aX`` and ``tar --xattrs`` neither copy them nor try to remove them (as CephFS does
         with its ``ceph.*`` attributes)."""
         path = self.norm(path)
-        if is_view(path):
+        if self._is_view(path):
             path = self._view_real(path)
         self._check_visible(path)
         try:

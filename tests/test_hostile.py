@@ -259,3 +259,53 @@ def test_recover_and_forget_refuse_what_is_not_theirs(tmp_path: Path) -> None:
         (d / "a.json").write_text("{}")
     r = ckptfs("forget", str(d), "unknown.pt")
     assert r.returncode == 1 and "no record" in r.stderr, r.stderr
+
+
+AS_USER_VERIFY = r"""
+import os, sys
+import ckptfs.cli.parser, ckptfs.cli.integrity, ckptfs.cli.groups, ckptfs.integrity.verify  # before setuid
+from ckptfs.cli import main
+os.setgroups([]); os.setgid(65534); os.setuid(65534)
+sys.exit(main(["verify", sys.argv[1]]))
+"""
+
+
+def test_verify_by_another_user_never_cries_corrupt(tmp_path: Path) -> None:
+    """Issue 26: ``verify`` by a user who may read but not verify (a daemon-side check needs write
+    access to the file's status) reported intact files as "CORRUPT ... Permission denied", exit 1.
+    Now: "not verified: permission denied", exit 2, and no file called corrupt."""
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="ckptfs-verify-", dir="/tmp"))
+    try:
+        base.chmod(0o755)
+        d = base / "m"
+        d.mkdir()
+        d.chmod(0o755)
+        with Mount(d, extra_args=["--allow-other"]).start():
+            (d / "model.pt").write_bytes(b"\0" * 100)
+            os.chmod(d / "model.pt", 0o644)
+            r = subprocess.run([sys.executable, "-c", AS_USER_VERIFY, str(d)], capture_output=True, text=True,
+                               env=_env(), timeout=120)
+            assert r.returncode == 2, (r.stdout, r.stderr)
+            assert "corrupt" not in r.stderr.lower().replace("0 corrupt", ""), r.stderr
+            assert "permission denied" in r.stderr and "Traceback" not in r.stderr, r.stderr
+            r = ckptfs("verify", str(d))
+            assert r.returncode == 0, r.stdout + r.stderr  # as root: verified
+    finally:
+        import shutil
+
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_real_committed_view_directory_is_never_shadowed(tmp_path: Path) -> None:
+    """Issue 26: a user's own ``.ckptfs-committed`` directory at the root showed as ``d?????????``
+    (the virtual committed view shadowed it and its files).  Then the view is off for that mount."""
+    d = tmp_path / "ckpts"
+    (d / ".ckptfs-committed").mkdir(parents=True)
+    (d / ".ckptfs-committed" / "mine.txt").write_text("mine")
+    with Mount(d).start():
+        assert (d / ".ckptfs-committed" / "mine.txt").read_text() == "mine"
+        assert os.listdir(d / ".ckptfs-committed") == ["mine.txt"]
+        (d / ".ckptfs-committed" / "more.txt").write_text("writable as natively")
+    assert (d / ".ckptfs-committed" / "more.txt").read_text() == "writable as natively"

@@ -19,6 +19,7 @@ file is named with the failing chunk and digests), 2 usage errors.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import stat
@@ -70,7 +71,8 @@ def _report(findings: list[Finding], problems: list[str], untracked: list[str], 
     """Print each finding; (exit status, the summary's words: "N committed files (k ok, j corrupt)...").
     ``root``: the backing root the findings' paths are relative to (offline): ``--json`` gives
     absolute paths mounted and unmounted alike (issue 25)."""
-    bad = [f for f in findings if not f.ok]
+    bad = [f for f in findings if not f.ok and f.kind != "no-permission"]
+    denied = [f for f in findings if f.kind == "no-permission"]
     if as_json:
         for f in findings:
             js = f.to_json()
@@ -81,13 +83,17 @@ def _report(findings: list[Finding], problems: list[str], untracked: list[str], 
         print(f"ckptfs: metadata: {p}", file=sys.stderr)
     for f in bad:
         print(f"ckptfs: {f.message()}", file=sys.stderr)
-    n_ok = len(findings) - len(bad)
+    for f in denied:
+        print(f"ckptfs: {f.path}: {f.detail}", file=sys.stderr)
+    n_ok = len(findings) - len(bad) - len(denied)
     summary = f"{len(findings)} committed file{'s' if len(findings) != 1 else ''} ({n_ok} ok, {len(bad)} corrupt"
+    if denied:
+        summary += f", {len(denied)} not verified: permission denied"
     if untracked:
         summary += f", {len(untracked)} untracked: no record, not verifiable"
     if problems:
         summary += f", {len(problems)} metadata problems"
-    return (1 if bad or problems else 0), summary + ")"
+    return (1 if bad or problems else 2 if denied else 0), summary + ")"
 
 
 def _offline(path: str, rate: float, progress: bool, as_json: bool) -> tuple[int, str]:
@@ -158,6 +164,11 @@ def _mounted(path: str, progress: bool, as_json: bool) -> tuple[int, str]:
             os.setxattr(f, CONTROL, b"verify")
             findings.append(Finding(f, True))
         except OSError as e:
+            if e.errno in (errno.EACCES, errno.EPERM):  # not this user's to verify: never "corrupt" (issue 26)
+                findings.append(Finding(f, False, "no-permission", "permission",
+                                        "not verified: permission denied (verify as its owner or root)"))
+                bar(size)
+                continue
             try:
                 detail = os.getxattr(f, X_ERROR).decode()
             except OSError:
@@ -182,7 +193,8 @@ def verify_files(a: argparse.Namespace) -> tuple[int, str]:
 def summary_line(rc: int, words: str, as_json: bool) -> None:
     """The one summary line of a verify or scrub: what was checked, then OK or FAILED (the exit
     status says the same: 0 or 1).  On stderr with --json (stdout holds the findings)."""
-    print(f"ckptfs: verified {words}: {'OK' if rc == 0 else 'FAILED'}", file=sys.stderr if as_json else sys.stdout)
+    verdict = {0: "OK", 2: "INCOMPLETE (not yours to verify)"}.get(rc, "FAILED")
+    print(f"ckptfs: verified {words}: {verdict}", file=sys.stderr if as_json else sys.stdout)
 
 
 def cmd_scrub(a: argparse.Namespace) -> int:

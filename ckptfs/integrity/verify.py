@@ -50,7 +50,7 @@ class Finding:
 
     path: str
     ok: bool
-    kind: str = "ok"  # ok | missing | not-regular | inode | size | chunk | digest | unreadable
+    kind: str = "ok"  # ok | missing | not-regular | inode | size | chunk | digest | unreadable | no-permission
     mechanism: str = ""  # which check caught it (see module docstring)
     detail: str = ""
     chunk: int | None = None
