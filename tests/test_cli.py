@@ -72,6 +72,21 @@ def test_not_root_without_fusermount3_is_a_clear_error() -> None:
     check_unprivileged(0, which=lambda name: None)  # root mounts with mount(2)
 
 
+def test_allow_other_as_a_user_without_user_allow_other_is_a_usage_error(tmp_path) -> None:
+    """Issue 26: fusermount3 refused it and ckptfs said exit 1; the README promises 2 for this."""
+    from ckptfs.cli.common import CliError
+    from ckptfs.cli.mount import check_unprivileged
+
+    conf = tmp_path / "fuse.conf"
+    conf.write_text("# user_allow_other\nmount_max = 1000\n")
+    fm = lambda name: "/usr/bin/fusermount3"  # noqa: E731
+    with pytest.raises(CliError, match="user_allow_other") as e:
+        check_unprivileged(1000, which=fm, allow_other=True, fuse_conf=str(conf))
+    assert e.value.code == 2
+    conf.write_text("user_allow_other\n")
+    check_unprivileged(1000, which=fm, allow_other=True, fuse_conf=str(conf))  # fine
+
+
 def test_mounting_over_a_directory_being_written_is_refused(tmp_path) -> None:
     d = tmp_path / "ckpts"
     d.mkdir()

@@ -63,11 +63,22 @@ def check_mountpoint(d: str) -> None:
         raise CliError(f"{d}: already a ckptfs mount (run: ckptfs umount {d})")
 
 
-def check_unprivileged(euid: int, which=shutil.which) -> None:
-    """Not root: mounting needs fusermount3 (the setuid helper of fuse3)."""
+def check_unprivileged(euid: int, which=shutil.which, allow_other: bool = False,
+                       fuse_conf: str = "/etc/fuse.conf") -> None:
+    """Not root: mounting needs fusermount3 (the setuid helper of fuse3), and ``--allow-other``
+    needs ``user_allow_other`` in /etc/fuse.conf (else fusermount3 refuses: a usage error, exit 2)."""
     if euid != 0 and which("fusermount3") is None:
         raise CliError("not root and fusermount3 is missing: install fuse3 (apt install fuse3) "
                        "or run ckptfs mount as root")
+    if euid != 0 and allow_other:
+        try:
+            with open(fuse_conf) as f:
+                ok = any(line.split("#", 1)[0].strip() == "user_allow_other" for line in f)
+        except OSError:
+            ok = False
+        if not ok:
+            raise CliError(f"--allow-other as a user needs 'user_allow_other' in {fuse_conf} "
+                           "(ask root to add it), or mount as root")
 
 
 def check_no_writers(d: str) -> None:
@@ -126,7 +137,7 @@ def cmd_mount(a: argparse.Namespace) -> int:
         if is_ckptfs_mount(backing):
             raise CliError(f"{a.backing}: is itself a ckptfs mount")
     check_fuse_available()
-    check_unprivileged(os.geteuid())
+    check_unprivileged(os.geteuid(), allow_other=a.allow_other)
     store = OsBackingStore(backing)
     try:
         trust.check_meta_dir(store, backing)  # before anything reads .ckptfs (issue 26)
