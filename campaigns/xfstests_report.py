@@ -109,7 +109,7 @@ def main() -> int:
     ap.add_argument("--ops", type=int, default=50000)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--race-seconds", type=float, default=10.0)
-    ap.add_argument("--transports", default="native,mfusepy")
+    ap.add_argument("--transports", default="kernel,mfusepy")
     a = ap.parse_args()
     out: dict = {"ops": a.ops, "seeds": a.seeds}
     lines = ["| transport | runs | verdicts | verify after, remount | rename race (reader errors, writer rate) "
