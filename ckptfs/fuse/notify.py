@@ -91,7 +91,7 @@ class Notifier:
         dentry after an epoch bump and one it invalidates takes the mounts on it along
         (``d_invalidate`` detaches them: issue 26, a tmpfs in the mount vanished when a group sealed
         beside it).  So with submounts no epoch is bumped and entries are no longer cached."""
-        top = self.ops.fs.mountpoint
+        top = getattr(self.ops.fs, "mountpoint", None)
         if not top:
             return False
         try:
