@@ -165,8 +165,9 @@ def test_option_values_must_be_finite(tmp_path: Path, opt: str, value: str) -> N
 
 
 SAVE_AS = r"""
-import json, os, sys, torch
+import io, json, os, sys, torch
 uid, root, step = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+torch.save({"warm": step}, io.BytesIO())  # every lazy import done while the checkout is readable
 os.setgroups([]); os.setgid(uid); os.setuid(uid)
 g = os.path.join(root, f"checkpoint-{step}")
 os.mkdir(g, 0o700)
@@ -264,6 +265,7 @@ def test_recover_and_forget_refuse_what_is_not_theirs(tmp_path: Path) -> None:
 AS_USER_VERIFY = r"""
 import os, sys
 import ckptfs.cli.parser, ckptfs.cli.integrity, ckptfs.cli.groups, ckptfs.integrity.verify  # before setuid
+import ckptfs.cli.common, ckptfs.mounts, ckptfs.api, ckptfs.offline, ckptfs.log.metadata, ckptfs.xattrs
 from ckptfs.cli import main
 os.setgroups([]); os.setgid(65534); os.setuid(65534)
 sys.exit(main(["verify", sys.argv[1]]))
