@@ -13,68 +13,34 @@ mount still reaches the files underneath it.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import errno
 import os
 import sys
-from typing import Protocol
+from typing import Any, Protocol
 
 IS_DARWIN = sys.platform == "darwin"
 
 
-def _load_sync_file_range():  # type: ignore[no-untyped-def]
+def _libc(name: str, argtypes: list) -> Any:  # type: ignore[type-arg]
+    """libc's function ``name`` with ``argtypes`` (C int result, errno kept); None off Linux or where
+    this libc lacks it."""
     if not sys.platform.startswith("linux"):
         return None
-    import ctypes
-    import ctypes.util
-
     try:
-        f = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).sync_file_range
+        f = getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True), name)
     except (OSError, AttributeError):
         return None
-    f.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    f.argtypes = argtypes
     f.restype = ctypes.c_int
     return f
 
 
-_sync_file_range = _load_sync_file_range()
-
-
-def _load_fallocate():  # type: ignore[no-untyped-def]
-    """libc's fallocate(2) with its mode (os.posix_fallocate has none); None off Linux."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-    import ctypes.util
-
-    try:
-        f = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).fallocate
-    except (OSError, AttributeError):
-        return None
-    f.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-    f.restype = ctypes.c_int
-    return f
-
-
-_fallocate = _load_fallocate()
-
-
-def _load_renameat2():  # type: ignore[no-untyped-def]
-    """libc's renameat2(2) (RENAME_EXCHANGE); None off Linux or before glibc 2.28."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-    import ctypes.util
-
-    try:
-        f = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).renameat2
-    except (OSError, AttributeError):
-        return None
-    f.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    f.restype = ctypes.c_int
-    return f
-
-
-_renameat2 = _load_renameat2()
+_sync_file_range = _libc("sync_file_range", [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint])
+# fallocate(2) with its mode (os.posix_fallocate has none); renameat2(2) for RENAME_EXCHANGE
+_fallocate = _libc("fallocate", [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64])
+_renameat2 = _libc("renameat2", [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint])
 RENAME_EXCHANGE = 2
 
 
@@ -240,7 +206,6 @@ class OsBackingStore:
                 raise OSError(errno.EOPNOTSUPP, "fallocate modes need Linux")
             os.posix_fallocate(fd, offset, length)
             return
-        import ctypes
 
         if _fallocate(fd, mode, offset, length) != 0:
             e = ctypes.get_errno()
@@ -379,7 +344,6 @@ class OsBackingStore:
         """``renameat2(a, b, RENAME_EXCHANGE)``: both names swap their files atomically."""
         if _renameat2 is None:
             raise OSError(errno.EINVAL, "RENAME_EXCHANGE needs Linux")
-        import ctypes
 
         def call(r1: str, r2: str, src_dir_fd: int, dst_dir_fd: int) -> None:
             enc = "utf-8"
