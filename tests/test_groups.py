@@ -692,3 +692,15 @@ def test_damaged_seal_records_of_an_intact_group_are_rebuilt_not_quarantined(tmp
     r = subprocess.run([sys.executable, "-m", "ckptfs", "verify", str(d)], capture_output=True, text=True,
                        env=_env())
     assert "checkpoint-1" not in r.stderr, r.stderr
+
+
+def test_retention_never_retires_the_group_sealed_last(tmp_path: Path) -> None:
+    """Issue 25: a lower step saved after a higher one (a rollback's re-run) was retired by
+    ``--keep-last 1`` the moment it sealed: the only copy of what was just saved."""
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    with Mount(d, extra_args=["--keep-last", "1"]).start():
+        save_hf_like(d, 5)
+        save_hf_like(d, 3)
+        assert status(d / "checkpoint-3") == "sealed"
+        assert sorted(os.listdir(d)) == ["checkpoint-3", "checkpoint-5"]
