@@ -169,6 +169,7 @@ class CkptFS:
         self.last_abort: dict[str, str] = {}
         self.pending: dict[str, Version] = {}  # path -> version open for writing
         self.queued: dict[str, Version] = {}  # path -> newest sealed version awaiting install (async)
+        self.in_place: dict[str, Version] = {}  # path -> its in-place version, until readers follow it (I7)
         self.handles: dict[int, Handle] = {}
         self.inodes = InodeMap()  # the st_ino the mount reports (stable across versions)
         self.hidden: dict[str, str] = {}  # libfuse's .fuse_hidden name of an open, unlinked file -> its old path
@@ -1006,38 +1007,84 @@ class CkptFS:
                 nv.writer_pids.add(caller.pid)
                 nv.appending = h.appending
                 nv.in_place = True
+                if len(self.in_place) > 256:
+                    self._prune_in_place()
+                self.in_place[h.path] = nv  # I7: what the path's other readers read from now on
                 h.version = nv
             self.commit.close_quiet(old_fd)
             return nv
 
     # ------------------------------------------------------------- data I/O
     def _in_place(self, h: Handle) -> Version | None:
-        """The in-place version now open at ``h``'s path that a read-only handle of an earlier version
-        (the committed file, or a version it joined that is installed since) reads instead
+        """(``lock`` held) The in-place version of ``h``'s path that a read-only handle of an earlier
+        version (the committed file, or a version it joined that is installed since) reads instead
         (``Version.in_place``): natively both are one inode, and on the native transport one kernel
         inode's page cache and size serve both (fsx reopening its file beside a reader read back
-        older bytes, "READ BAD DATA", and its size: "Size error", SIGBUS; issue 24)."""
-        if not self.pending or h.writable:
+        older bytes, "READ BAD DATA", and its size: "Size error", SIGBUS; issue 24).
+
+        I7: from the version's first write until every such handle follows its installed file
+        (``_follow_in_place``), in every state between (open, sealed and queued, committing,
+        installed with its fd still open), never the older file: a read of it in the window
+        between the seal and the follow was short, and the kernel shrank the writer's i_size to it."""
+        if not self.in_place or h.writable:
             return None
-        v = self.pending.get(h.path)
-        if v is None or v is h.version or not v.in_place or v.state != staged.OPEN or v.fd < 0:
+        v = self.in_place.get(h.path)
+        if v is None or v is h.version or v.fd < 0 or v.state == staged.DISCARDED or v.path != h.path:
             return None
         return v
+
+    def _prune_in_place(self) -> None:
+        """(``lock`` held) Forget in-place versions no reader can need: discarded, or installed and
+        closed with no read-only handle left at their path."""
+        readers = {h.path for h in self.handles.values() if not h.writable}
+        for p, v in list(self.in_place.items()):
+            if v.state == staged.DISCARDED or (v.state == staged.INSTALLED and v.fd < 0 and p not in readers):
+                del self.in_place[p]
+
+    def _pin_in_place(self, h: Handle) -> Version | None:
+        """``_in_place`` with a reference taken (dropped by ``_unref``): its fd stays open while
+        the read uses it.  An in-place version installed and closed makes the handles follow it."""
+        if not self.in_place or h.writable:
+            return None
+        follow = None
+        with self.lock:
+            v = self._in_place(h)
+            if v is not None:
+                v.refs += 1
+                return v
+            w = self.in_place.get(h.path)
+            if w is not None and (w.state == staged.DISCARDED or w.path != h.path):
+                del self.in_place[h.path]  # never installed: the committed file is the file again
+            elif w is not None and w.fd < 0 and w.state == staged.INSTALLED:
+                follow = w  # installed (async, or its fd closed): read the installed file from now on
+        if follow is not None:
+            self._follow_in_place(follow)
+        return None
+
+    def _read_in_place(self, h: Handle, fn: Callable[[int], Any]) -> Any:
+        """``fn(fd)`` on the in-place version ``h`` reads instead of its own file, or None."""
+        iv = self._pin_in_place(h)
+        if iv is None:
+            return None
+        try:
+            return fn(iv.fd)
+        finally:
+            self._unref(iv)
 
     def read(self, fh: int, size: int, offset: int) -> bytes:
         h = self._handle(fh)
         v = h.version
         if v is not None and (h.writable or v.state == staged.OPEN):
             return self.store.pread(v.fd, size, offset)
-        iv = self._in_place(h)
-        if iv is not None:
-            with iv.lock:
-                if iv.state == staged.OPEN:
-                    return self.store.pread(iv.fd, size, offset)
+        got = self._read_in_place(h, lambda fd: self.store.pread(fd, size, offset))
+        if got is not None:
+            return got
+        with self.lock:  # the pair as one: ``_follow_in_place`` may have moved the handle just now
+            v, fd = h.version, h.fd
         if v is not None:
             return self.store.pread(v.fd, size, offset)
-        assert h.fd is not None
-        return self.integrity.read(h.fd, size, offset)  # verified chunks only
+        assert fd is not None
+        return self.integrity.read(fd, size, offset)  # verified chunks only
 
     def read_into(self, fh: int, buf: memoryview, offset: int) -> int:
         """``read`` straight into the caller's buffer (the FUSE reply buffer); the count."""
@@ -1045,15 +1092,15 @@ class CkptFS:
         v = h.version
         if v is not None and (h.writable or v.state == staged.OPEN):
             return self.store.preadinto(v.fd, buf, offset)
-        iv = self._in_place(h)
-        if iv is not None:
-            with iv.lock:
-                if iv.state == staged.OPEN:
-                    return self.store.preadinto(iv.fd, buf, offset)
+        got = self._read_in_place(h, lambda fd: self.store.preadinto(fd, buf, offset))
+        if got is not None:
+            return got
+        with self.lock:  # the pair as one: ``_follow_in_place`` may have moved the handle just now
+            v, fd = h.version, h.fd
         if v is not None:
             return self.store.preadinto(v.fd, buf, offset)
-        assert h.fd is not None
-        return self.integrity.read_into(h.fd, buf, offset)  # verified chunks only
+        assert fd is not None
+        return self.integrity.read_into(fd, buf, offset)  # verified chunks only
 
     def write(self, fh: int, data: bytes, offset: int, caller: Caller = NOBODY) -> int:
         h = self._handle(fh)
@@ -1276,6 +1323,9 @@ class CkptFS:
             if old >= 0:
                 self.integrity.forget(old)
                 self.store.close(old)
+        with self.lock:
+            if self.in_place.get(v.path) is v:
+                del self.in_place[v.path]  # I7: every earlier handle reads the installed file now
 
     def fsync(self, fh: int, caller: Caller = NOBODY) -> None:
         h = self._handle(fh)

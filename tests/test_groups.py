@@ -367,6 +367,39 @@ def test_rotation_killed_half_way(mnt: Mount, newer_sealed: bool) -> None:
     assert sorted(os.listdir(mnt.path)) == want
 
 
+@pytest.mark.parametrize("end", ["umount", "daemon killed"])
+def test_offline_verify_after_a_rotation_stopped_half_way(tmp_path: Path, end: str) -> None:
+    """Issue 25 item 7: files of a sealed group deleted part-way (a rotation that stopped after 2 of
+    its unlinks) wait in ``.ckptfs/trash`` with their records.  The offline ``verify`` right after
+    the daemon ends (umount or SIGKILL) must agree with the daemon: OK, the group noted as being
+    deleted.  Before, the snapshot's and journal's trash records were dropped as "bad path" and
+    verify failed ("metadata problems", "committed file is missing").  The next mount finishes the
+    deletion (a newer group is sealed), and verify stays OK."""
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    m = Mount(d).start()
+    try:
+        save_hf_like(d, 1)
+        save_hf_like(d, 2)
+        for name in ("model.pt", "optimizer.pt"):
+            (d / "checkpoint-1" / name).unlink()
+        if end == "umount":
+            m.stop()
+        else:
+            m.kill()
+        r = cli("verify", str(d), check=False)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "checkpoint-1 is trashed" in r.stdout + r.stderr
+        m.start()
+        assert sorted(os.listdir(d)) == ["checkpoint-2"]
+        assert status(d / "checkpoint-2") == "sealed"
+    finally:
+        m.stop()
+    r = cli("verify", str(d), check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "trashed" not in r.stdout + r.stderr
+
+
 def test_dcp_shards_in_step_dir_never_idle_sealed(tmp_path: Path) -> None:
     d = tmp_path / "ckpts"
     d.mkdir()

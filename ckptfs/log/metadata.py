@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ckptfs import META_DIR
-from ckptfs.layout import GEN_DIR, STAGING, safe_rel
+from ckptfs.layout import GEN_DIR, STAGING, TRASH, safe_rel
 from ckptfs.log.journal import (
     FORMAT,
     MAX_FRAME,
@@ -87,6 +87,13 @@ def scan_journal(data: bytes) -> tuple[list[dict], int | None]:
     return entries, None
 
 
+def file_path(p: object) -> bool:
+    """Whether ``p`` may name a file in the tables: a user path, or a file of a sealed group being
+    deleted, moved with its record under ``.ckptfs/trash/`` (G9: the deletion is finished or undone
+    from there; dropping those records made offline ``verify`` fail after a killed rotation)."""
+    return safe_rel(p) or safe_rel(p, TRASH)
+
+
 def _records(raw: object, problems: list[str], where: str) -> dict[str, FileRecord]:
     out: dict[str, FileRecord] = {}
     if not isinstance(raw, dict):
@@ -94,7 +101,7 @@ def _records(raw: object, problems: list[str], where: str) -> dict[str, FileReco
         return out
     for p, r in raw.items():
         try:
-            if not isinstance(p, str) or not p or p.startswith("/") or p == META_DIR or p.startswith(META_DIR + "/"):
+            if not file_path(p):
                 raise ValueError(f"bad path {p!r}")
             out[p] = FileRecord.from_json(r)
         except (KeyError, ValueError, TypeError, AttributeError) as e:
@@ -117,7 +124,7 @@ def entry_problem(e: object) -> str:
     op = e["op"]
     grouplike = op.startswith(("group_", "quarantine"))
     for k in ("path", "src", "dst"):
-        if k in e and not (safe_rel(e[k]) or (grouplike and e[k] == "")):
+        if k in e and not (file_path(e[k]) or (grouplike and e[k] == "")):
             return f"{k} {e[k]!r} is not a path inside the directory"
     if "staging" in e and not safe_rel(e["staging"], STAGING):
         return f"staging {e['staging']!r} is not under {STAGING}"
@@ -140,7 +147,7 @@ def entry_problem(e: object) -> str:
 def confine(st: JournalState, out: Loaded) -> None:
     """Drop (and report) every record, group, generation, quarantine row and journal entry whose
     paths are not confined to the backing root (``entry_problem``)."""
-    for p in [p for p in st.files if not safe_rel(p)]:
+    for p in [p for p in st.files if not file_path(p)]:
         del st.files[p]
         out.problems.append(f"record of {p!r} names a path outside the directory; dropped")
     for p in list(st.groups):
