@@ -1302,15 +1302,18 @@ class CkptFS:
             return h.version is not v and h.version.state != staged.OPEN
 
         with self.lock:
-            hs = [h for h in self.handles.values() if earlier(h)]
-        for h in hs:
+            hs = [(fh, h) for fh, h in self.handles.items() if earlier(h)]
+        for fh, h in hs:
             try:
                 fd, chk = self.integrity.open_committed(v.path, self.store.open(v.path, os.O_RDONLY))
             except OSError:
                 continue
             self.integrity.bind(fd, chk)
             with self.lock:
-                if not earlier(h):
+                # a handle released meanwhile is left alone: its release closed (or is closing) its
+                # fds, and one more put on it now would be closed twice, or leak (a reader's READ
+                # was EBADF: the fd number closed twice had been reused by a version's file)
+                if self.handles.get(fh) is not h or not earlier(h):
                     old = fd
                 else:
                     if h.version is not None:

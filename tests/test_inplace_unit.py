@@ -95,3 +95,38 @@ def test_a_reader_reads_an_in_place_change_through_its_whole_commit(tmp_path, mo
         store.probe = None
         if not stuck:  # (a deadlocked commit would hang the shutdown too)
             fs.shutdown()
+
+
+def test_a_reader_released_while_it_is_moved_to_the_installed_file_keeps_no_fd(tmp_path) -> None:
+    """``_follow_in_place`` opens the installed file for each reader handle outside the lock; a
+    handle released meanwhile must be left alone.  Before, the new fd was put on the released handle:
+    leaked, or, with the release still closing its fds in another thread, an fd closed twice (a
+    reader's READ got EBADF: the number had been reused by a version's file)."""
+    store = ProbeStore(OsBackingStore(str(tmp_path)))
+    fs = CkptFS(store)
+    try:
+        fh = fs.create("m.bin", 0o644)
+        fs.write(fh, b"a" * 1000, 0)
+        fs.flush(fh)
+        fs.release(fh)
+        r = fs.open("m.bin", os.O_RDONLY)
+        assert fs.read(r, 8192, 0) == b"a" * 1000
+        w = fs.open("m.bin", os.O_RDWR)
+        fs.write(w, b"b" * 3000, 0)
+        released: list[str] = []
+
+        def probe(call: str) -> None:
+            if call == "open" and not released:  # the follow's open of the installed file
+                released.append(call)
+                fs.release(r)
+
+        fds_before = len(os.listdir("/proc/self/fd"))
+        store.probe = probe
+        fs.flush(w)
+        store.probe = None
+        assert released, "the commit never reopened the file for its reader"
+        fs.release(w)
+        assert len(os.listdir("/proc/self/fd")) == fds_before - 2, "an fd was left open (or closed twice)"
+    finally:
+        store.probe = None
+        fs.shutdown()
