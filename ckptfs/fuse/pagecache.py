@@ -72,14 +72,16 @@ class PageCachePolicy:
         if got is None:
             return False
         path, mine = got
+        # the callbacks take the filesystem's lock: never under ours (a forget runs under theirs, from
+        # an event emitted by an install: an open and a commit deadlocked the daemon under fsstress)
+        same = mine is not None
+        if same:
+            for f in self.handles_at(path):
+                o = self.served(f) if f != fh else None
+                if o is not None and o[1] != mine:
+                    same = False
+                    break
         with self.lock:
-            same = mine is not None
-            if same:
-                for f in self.handles_at(path):
-                    o = self.served(f) if f != fh else None
-                    if o is not None and o[1] != mine:
-                        same = False
-                        break
             keep = same and self.clean.get(path) == mine
             if same:
                 self.clean[path] = mine  # type: ignore[assignment]
