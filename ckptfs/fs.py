@@ -1079,12 +1079,11 @@ class CkptFS:
         got = self._read_in_place(h, lambda fd: self.store.pread(fd, size, offset))
         if got is not None:
             return got
-        with self.lock:  # the pair as one: ``_follow_in_place`` may have moved the handle just now
-            v, fd = h.version, h.fd
+        v = h.version  # again: ``_follow_in_place`` may have moved the handle just now
         if v is not None:
             return self.store.pread(v.fd, size, offset)
-        assert fd is not None
-        return self.integrity.read(fd, size, offset)  # verified chunks only
+        assert h.fd is not None  # (the follow sets it before it clears the version)
+        return self.integrity.read(h.fd, size, offset)  # verified chunks only
 
     def read_into(self, fh: int, buf: memoryview, offset: int) -> int:
         """``read`` straight into the caller's buffer (the FUSE reply buffer); the count."""
@@ -1095,12 +1094,11 @@ class CkptFS:
         got = self._read_in_place(h, lambda fd: self.store.preadinto(fd, buf, offset))
         if got is not None:
             return got
-        with self.lock:  # the pair as one: ``_follow_in_place`` may have moved the handle just now
-            v, fd = h.version, h.fd
+        v = h.version  # again: ``_follow_in_place`` may have moved the handle just now
         if v is not None:
             return self.store.preadinto(v.fd, buf, offset)
-        assert fd is not None
-        return self.integrity.read_into(fd, buf, offset)  # verified chunks only
+        assert h.fd is not None  # (the follow sets it before it clears the version)
+        return self.integrity.read_into(h.fd, buf, offset)  # verified chunks only
 
     def write(self, fh: int, data: bytes, offset: int, caller: Caller = NOBODY) -> int:
         h = self._handle(fh)
@@ -1316,12 +1314,15 @@ class CkptFS:
                 if self.handles.get(fh) is not h or not earlier(h):
                     old = fd
                 else:
+                    # h.fd before h.version: a read takes no lock, and finds either the version
+                    # (kept until release) or the new fd, never neither
                     if h.version is not None:
                         h.retired_versions.append(h.version)  # its reference is dropped at release
+                        h.fd = fd
                         h.version = None
                     else:
                         h.retired.append(h.fd)
-                    h.fd = fd
+                        h.fd = fd
                     old = -1
             if old >= 0:
                 self.integrity.forget(old)
