@@ -5,10 +5,15 @@ real CLI; nothing outside the directory under test is created, changed or delete
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +21,21 @@ from conftest import ROOT, Mount, _env
 
 from ckptfs import META_DIR
 from ckptfs.log.journal import encode_frame
+
+
+@contextlib.contextmanager
+def _reachable_dir(prefix: str, name: str, mode: int) -> Iterator[Path]:
+    """A directory ``name`` (mode ``mode``) that the test users can reach: under /tmp, not under
+    pytest's tmp_path (root's 0700 home); removed afterwards."""
+    base = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    try:
+        base.chmod(0o755)
+        d = base / name
+        d.mkdir()
+        d.chmod(mode)
+        yield d
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def ckptfs(*args: str) -> subprocess.CompletedProcess:
@@ -181,30 +201,17 @@ def test_retention_and_sibling_rules_stay_within_one_owner(tmp_path: Path) -> No
     """Issue 26: in a shared sticky directory with ``--keep-last 1``, user B's checkpoint-1000 retired
     user A's checkpoint-1 (natively the sticky bit forbids B to touch it).  Retention counts each
     owner's groups on their own; and the one sealed last is always kept (issue 25)."""
-    import tempfile
-
-    base = Path(tempfile.mkdtemp(prefix="ckptfs-owners-", dir="/tmp"))
-    try:
-        base.chmod(0o755)
-        d = base / "shared"
-        d.mkdir()
-        d.chmod(0o1777)
+    with _reachable_dir("ckptfs-owners-", "shared", 0o1777) as d:
         with Mount(d, extra_args=["--allow-other", "--keep-last", "1"]).start():
             for uid, step in ((65534, 1), (65533, 1000), (65534, 2), (65533, 1001)):
                 r = subprocess.run([sys.executable, "-c", SAVE_AS, str(uid), str(d), str(step)], env=_env(),
                                    capture_output=True, text=True, timeout=120)
                 assert r.returncode == 0, r.stderr
-            import time as _t
-
-            _t.sleep(2.5)
+            time.sleep(2.5)
             names = sorted(os.listdir(d))
             # each owner keeps their newest one: A's checkpoint-2 and B's checkpoint-1001
             assert "checkpoint-2" in names and "checkpoint-1001" in names, names
             assert "checkpoint-1" not in names and "checkpoint-1000" not in names, names
-    finally:
-        import shutil
-
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_a_user_mounts_through_fusermount3_without_opening_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -276,14 +283,7 @@ def test_verify_by_another_user_never_cries_corrupt(tmp_path: Path) -> None:
     """Issue 26: ``verify`` by a user who may read but not verify (a daemon-side check needs write
     access to the file's status) reported intact files as "CORRUPT ... Permission denied", exit 1.
     Now: "not verified: permission denied", exit 2, and no file called corrupt."""
-    import tempfile
-
-    base = Path(tempfile.mkdtemp(prefix="ckptfs-verify-", dir="/tmp"))
-    try:
-        base.chmod(0o755)
-        d = base / "m"
-        d.mkdir()
-        d.chmod(0o755)
+    with _reachable_dir("ckptfs-verify-", "m", 0o755) as d:
         with Mount(d, extra_args=["--allow-other"]).start():
             (d / "model.pt").write_bytes(b"\0" * 100)
             os.chmod(d / "model.pt", 0o644)
@@ -294,10 +294,6 @@ def test_verify_by_another_user_never_cries_corrupt(tmp_path: Path) -> None:
             assert "permission denied" in r.stderr and "Traceback" not in r.stderr, r.stderr
             r = ckptfs("verify", str(d))
             assert r.returncode == 0, r.stdout + r.stderr  # as root: verified
-    finally:
-        import shutil
-
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_a_real_committed_view_directory_is_never_shadowed(tmp_path: Path) -> None:
