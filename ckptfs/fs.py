@@ -666,24 +666,44 @@ class CkptFS:
             "st_blocks": st.st_blocks, "st_blksize": st.st_blksize, "st_rdev": st.st_rdev,
         }
 
+    def _fstat_handle(self, fh: int) -> dict[str, Any] | None:
+        """fstat of an open file answers from its handle: it keeps working after the name is
+        unlinked or replaced (the handle keeps the old inode, as natively).  Under ``lock``: a
+        release pops the handle under it before closing its fd (an fstat of a closed fd was EBADF
+        to a reader racing tmp + rename, issue 24).  None: no such handle (released)."""
+        with self.lock:
+            h = self.handles.get(fh)
+            fd = None if h is None else (h.version.fd if h.version is not None and h.version.fd >= 0
+                                         else h.fd)
+            if h is not None and fd is not None and (h.version is None or h.version.state != staged.OPEN):
+                v = self._in_place(h)
+                fd = v.fd if v is not None else fd
+            if fd is not None:
+                raw = self.store.fstat(fd)
+                st = self._st(raw)
+                if h.path in self.hidden and raw.st_nlink > 0 and stat.S_ISREG(raw.st_mode):
+                    # unlinked or replaced: its kept generation (G11) is ckptfs's name, not the
+                    # user's (an fstat said nlink 1 where natively it is 0)
+                    st["st_nlink"] = max(0, raw.st_nlink - self.gens.links_to(raw.st_ino))
+                return st
+        return None
+
+    def fgetattr(self, fh: int) -> dict[str, Any]:
+        """The attributes of the file open as handle ``fh``, whatever its name is now; ENOENT once
+        the handle is released (never another path's: a node whose name went has only this)."""
+        st = self._fstat_handle(fh)
+        if st is None:
+            raise _err(errno.ENOENT, "released")
+        return st
+
     def getattr(self, path: str, fh: int | None = None, caller: Caller = NOBODY) -> dict[str, Any]:
         path = self.norm(path)
         if self._is_view(path):
             return self._st(self.store.lstat(self._view_real(path)))
         if fh is not None:
-            # fstat of an open file answers from its handle: it keeps working after the name is
-            # unlinked or replaced (the handle keeps the old inode, as natively).  Under ``lock``: a
-            # release pops the handle under it before closing its fd (an fstat of a closed fd was
-            # EBADF to a reader racing tmp + rename, issue 24)
-            with self.lock:
-                h = self.handles.get(fh)
-                fd = None if h is None else (h.version.fd if h.version is not None and h.version.fd >= 0
-                                             else h.fd)
-                if h is not None and fd is not None and (h.version is None or h.version.state != staged.OPEN):
-                    v = self._in_place(h)
-                    fd = v.fd if v is not None else fd
-                if fd is not None:
-                    return self._st(self.store.fstat(fd))
+            st = self._fstat_handle(fh)
+            if st is not None:
+                return st
         if path in self.hidden or path in self.replaced:
             try:
                 return self._st(self._on_hidden(path, self.store.fstat))
@@ -1612,7 +1632,13 @@ class CkptFS:
                         return fn(h.fd)
         raise _err(errno.ENOENT)
 
-    def _hide(self, old: str, hidden: str, caller: Caller) -> None:
+    def hide(self, old: str, hidden: str, caller: Caller, before: str) -> None:
+        """The native transport's hide (fuse/ops.py): it knows whether an ``unlink`` or a
+        ``rename`` over ``old`` follows, so nothing is guessed from the caller's system call."""
+        self._check_visible(old)
+        self._hide(old, hidden, caller, before)
+
+    def _hide(self, old: str, hidden: str, caller: Caller, kind: str | None = None) -> None:
         """libfuse renames an open file to a hidden name instead of removing it (``hard_remove``
         off), so its handles keep a path: fstat, fchmod and reads of an open-then-unlinked or
         open-then-replaced file work until the last close, as natively.  Nothing named
@@ -1622,9 +1648,11 @@ class CkptFS:
         Before an unlink, the unlink happens now (journaled as usual).  Before a rename over ``old``
         (a reader holds ``latest`` while the trainer replaces it) nothing happens here: the rename
         that follows replaces ``old`` atomically.  Which one is read from the caller's blocked
-        system call (procinfo.blocked_in); unknown counts as an unlink (then a rename over an open
-        file is an unlink followed by the rename, not atomic for a crash in between)."""
-        kind = procinfo.blocked_in(caller.pid)
+        system call (procinfo.blocked_in) on libfuse, and given (``kind``) by the native transport;
+        unknown counts as an unlink (then a rename over an open file is an unlink followed by the
+        rename, not atomic for a crash in between)."""
+        if kind is None:
+            kind = procinfo.blocked_in(caller.pid)
         self.stats[f"hidden_before_{kind or 'unknown'}"] += 1
         if kind != "rename":
             self.unlink(old, caller)  # also drops a version being written at ``old`` (never installed)
@@ -1645,6 +1673,18 @@ class CkptFS:
                     h.path = hidden
             # before a rename, a version being written at ``old`` is left alone: the rename replaces
             # it (rename() unlists it), and if the rename fails it is still the path's next version
+
+    def unhide(self, hidden: str, old: str) -> None:
+        """Undo :meth:`hide` before a rename that then failed: the file is still at ``old`` (a
+        hide before a rename changes nothing on disk), and so are its handles again."""
+        with self.lock:
+            if self.hidden.get(hidden) != old:
+                return
+            del self.hidden[hidden]
+            self.replaced.pop(hidden, None)
+            for h in self.handles.values():
+                if h.path == hidden:
+                    h.path = old
 
     def rename(self, old: str, new: str, flags: int = 0, caller: Caller = NOBODY) -> None:
         old, new = self.norm(old), self.norm(new)

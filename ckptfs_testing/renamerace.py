@@ -17,7 +17,7 @@ from ckptfs_testing.mount import child_env
 
 WRITER = r"""
 import io, os, sys, time
-d, name, secs = sys.argv[1], sys.argv[2], float(sys.argv[3])
+d, name, secs, me = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
 def content(n):
     if name.endswith(".pt"):
         import torch; b = io.BytesIO(); torch.save({"n": n}, b); return b.getvalue()
@@ -25,9 +25,10 @@ def content(n):
         import torch, safetensors.torch as st; return st.save({"n": torch.tensor([n])})
     return (b"step %d\n" % n) * 100
 blobs = [content(i) for i in range(4)]
-target = os.path.join(d, name); part = target + ".part"
-with open(target, "wb") as f:
-    f.write(blobs[0])
+target = os.path.join(d, name); part = target + ".part" + me
+if me == "0":
+    with open(target, "wb") as f:
+        f.write(blobs[0])
 print("ready", flush=True)
 sys.stdin.readline()
 n = 0; end = time.monotonic() + secs
@@ -65,24 +66,41 @@ print(json.dumps({"reads": ok, "errors": errs}), flush=True)
 """
 
 
-def race(directory: Path, name: str, seconds: float = 3.0) -> dict:
-    """{"renames", "reads", "errors": {"stage:errno": count}} for one writer and one reader."""
+def race(directory: Path, name: str, seconds: float = 3.0, writers: int = 1, readers: int = 1) -> dict:
+    """{"renames", "reads", "errors": {"stage:errno": count}} for ``writers`` writers (each with its
+    own ``.part`` name) and ``readers`` readers of one name, summed."""
     env = child_env()
-    w = subprocess.Popen([sys.executable, "-c", WRITER, str(directory), name, str(seconds)],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    ws: list[subprocess.Popen] = []
+    rs: list[subprocess.Popen] = []
     try:
-        assert w.stdout is not None and w.stdin is not None
-        if w.stdout.readline().strip() != "ready":
-            raise RuntimeError(f"writer failed to start for {name}")
-        r = subprocess.Popen([sys.executable, "-c", READER, str(directory / name), str(seconds)],
-                             stdout=subprocess.PIPE, text=True, env=env)
-        w.stdin.write("go\n")
-        w.stdin.flush()
-        renames = int(w.stdout.readline().strip())
-        out, _ = r.communicate(timeout=seconds + 120)
+        for i in range(writers):
+            ws.append(subprocess.Popen([sys.executable, "-c", WRITER, str(directory), name, str(seconds), str(i)],
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env))
+        for w in ws:
+            assert w.stdout is not None
+            if w.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"writer failed to start for {name}")
+        for _ in range(readers):
+            rs.append(subprocess.Popen([sys.executable, "-c", READER, str(directory / name), str(seconds)],
+                                       stdout=subprocess.PIPE, text=True, env=env))
+        for w in ws:
+            assert w.stdin is not None
+            w.stdin.write("go\n")
+            w.stdin.flush()
+        renames = 0
+        for w in ws:
+            assert w.stdout is not None
+            renames += int(w.stdout.readline().strip())
+        reads, errors = 0, {}
+        for r in rs:
+            out, _ = r.communicate(timeout=seconds + 120)
+            got = json.loads(out.strip().splitlines()[-1])
+            reads += got["reads"]
+            for k, v in got["errors"].items():
+                errors[k] = errors.get(k, 0) + v
     finally:
-        if w.poll() is None:
-            w.kill()
-        w.wait()
-    got = json.loads(out.strip().splitlines()[-1])
-    return {"renames": renames, **got}
+        for p in ws + rs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    return {"renames": renames, "reads": reads, "errors": errors}

@@ -3,7 +3,7 @@
 * Writes after ``fsync`` + ``ftruncate`` through one fd are kept (they were silently lost: the
   truncate cloned the version a passthrough writer's kernel kept writing into).
 * A rename over an existing name is one atomic step for a reader in a loop (it saw ENOENT on 81 %
-  of its opens): never ENOENT, ESTALE or EBADF.
+  of its opens): never ENOENT, ESTALE, EBADF or EIO (native transport; libfuse: docs/design.md T7).
 * ``fallocate`` in every mode the backing filesystem has, applied to the staged copy.
 """
 
@@ -82,15 +82,30 @@ def test_writes_after_fsync_and_ftruncate_are_kept(tmp_path: Path) -> None:
 RACE_NAMES = ["f.dat", "latest", "model.safetensors", "m.pt"]
 
 
+def _libfuse() -> bool:
+    return os.environ.get("CKPTFS_TRANSPORT") == "mfusepy"
+
+
+def _check_race(name: str, got: dict, libfuse_limit: float = 0.01) -> None:
+    errs = got["errors"]
+    assert got["reads"] > 50 and got["renames"] > 20, (name, got)
+    if not _libfuse():
+        assert errs == {}, (name, got)
+        return
+    # libfuse's high-level API answers an open of a node renamed over that no open holds ESTALE
+    # itself, before ckptfs sees it (docs/design.md, T7); the VFS repeats it once.  Only that is left
+    assert not [k for k in errs if k != "open:116"], (name, got)
+    assert sum(errs.values()) <= got["reads"] * libfuse_limit, (name, got)
+
+
 @pytest.mark.portable
 def test_a_rename_over_a_name_is_atomic_for_a_reader(tmp_path: Path) -> None:
     """tmp + rename over the target in a loop; a reader opens, fstats and reads it in a loop.
-    Natively it never fails.  Through the mount it saw ENOENT on 81 % of opens, and EBADF: a node
-    renamed over answered ENOENT, an fstat racing a release read a closed fd.  Both are gone (no
-    ENOENT, no EBADF).  Still open (issue 24, docs/results/posix.md): an ESTALE that the VFS's one
-    repeat of the lookup gets again reaches the reader now and then (1 in 19,363 reads on the kernel
-    transport, 5 in 4,954 on mfusepy in scripts/fsx_campaign), so this bounded test guards the
-    fixed errors and keeps ESTALE under 1 % of reads, not at 0."""
+    Natively it never fails.  Through the mount it saw ENOENT on 81 % of opens, EBADF (an fstat
+    racing a release read a closed fd), and ESTALE (an open whose lookup came before the rename;
+    the VFS repeats it once, and a second rename meanwhile made the repeat fail too).  On the native
+    transport no error at all (T7: the file renamed over keeps a handle until the kernel forgets
+    it); on libfuse only that ESTALE is left, rarely (docs/design.md)."""
     native = tmp_path / "native"
     native.mkdir()
     base = race(native, "f.dat", 1.5)
@@ -101,10 +116,102 @@ def test_a_rename_over_a_name_is_atomic_for_a_reader(tmp_path: Path) -> None:
         for name in RACE_NAMES:
             got = race(d, name, 2.0)
             print(f"{name}: {got} (writer {got['renames'] / 2.0:.0f}/s, native {base['renames'] / 1.5:.0f}/s)")
-            errs = got["errors"]
-            assert not [k for k in errs if not k.endswith(":116")], (name, got)  # only ESTALE (116) left
-            assert sum(errs.values()) <= got["reads"] // 100, (name, got)
-            assert got["reads"] > 50 and got["renames"] > 20, (name, got)
+            _check_race(name, got)
+
+
+@pytest.mark.portable
+def test_three_writers_renaming_over_one_name_beside_three_readers(tmp_path: Path) -> None:
+    """Three writers replace one name by tmp + rename, three readers open, fstat and read it.  With
+    renames this dense, an open whose lookup came before a rename met a second rename at the VFS's
+    one repeat (ESTALE to the reader: 16 in 21,264 reads), and an fstat of a node renamed over
+    whose last handle had just closed was answered with the mount root's attributes (a directory:
+    the kernel marked the inode bad, EIO on fstat and read: 6 in 21,264).  Natively: no error."""
+    native = tmp_path / "native"
+    native.mkdir()
+    base = race(native, "f.dat", 1.5, writers=3, readers=3)
+    assert base["errors"] == {}, base
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    with Mount(d).start():
+        got = race(d, "f.dat", 6.0, writers=3, readers=3)
+        print(f"{got} (writers {got['renames'] / 6.0:.0f}/s, native {base['renames'] / 1.5:.0f}/s)")
+        # libfuse: 35 ESTALE in 4,198 reads measured (0.8 %: three renames land in one open's window
+        # far more often than one); bounded at 3 % so this run stays a guard against any other error
+        _check_race("f.dat", got, libfuse_limit=0.03)
+
+
+def _open_after_a_rename(root: Path, name: str) -> tuple:
+    """A lookup (an O_PATH fd) before a rename over ``name``, the open after it (through the
+    fd's /proc link: the kernel opens the inode the lookup found, and never looks the name up
+    again).  Natively: the file it found, unlinked (nlink 0)."""
+    f, g = root / name, root / (name + ".tmp")
+    f.write_bytes(b"old bytes")
+    pfd = os.open(f, os.O_PATH)
+    try:
+        g.write_bytes(b"new")
+        os.rename(g, f)
+        st = os.fstat(pfd)
+        fd = os.open(f"/proc/self/fd/{pfd}", os.O_RDONLY)
+        try:
+            data = os.read(fd, 100)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(pfd)
+    return st.st_size, st.st_nlink, data, f.read_bytes()
+
+
+def _daemon_fds(d: Path) -> int:
+    return len(os.listdir(f"/proc/{int(os.getxattr(d, 'user.ckptfs.pid'))}/fd"))
+
+
+def test_an_open_whose_lookup_came_before_a_rename_opens_the_file_it_found(tmp_path: Path) -> None:
+    """T7 (native transport): the file a rename replaces keeps a handle until the kernel forgets
+    its node.  An open of the node after the rename was ESTALE (here: reaching the application, as
+    a /proc link is not looked up again), an fstat the attributes of the file it named.  Now both
+    are the old file, as natively, and the handle is released when the kernel forgets the node:
+    100 more such renames leave the daemon's open files where they were."""
+    native = tmp_path / "native"
+    (native / "step_1").mkdir(parents=True)
+    want = {name: _open_after_a_rename(native, name) for name in ("latest", "model.pt", "step_1/x.bin")}
+    assert want["latest"] == (9, 0, b"old bytes", b"new"), want
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    with Mount(d).start():
+        (d / "step_1").mkdir()
+        for name, exp in want.items():
+            assert _open_after_a_rename(d, name) == exp, name
+        before = _daemon_fds(d)
+        for _ in range(100):
+            _open_after_a_rename(d, "latest")
+        after = _daemon_fds(d)
+        assert after <= before + 5, (before, after)  # (a staging file or two may be open meanwhile)
+        import json
+        stats = json.loads(os.getxattr(d, "user.ckptfs.stats"))
+        assert stats.get("keepers", 0) >= 103, stats
+
+
+def test_a_rename_that_fails_leaves_the_file_it_would_replace(tmp_path: Path) -> None:
+    """A rename over a kernel-known file that the daemon refuses (EROFS: the committed view)
+    hides nothing: the file, its open handles and the kernel's node answer as before."""
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    with Mount(d).start():
+        (d / "a.bin").write_bytes(b"committed")
+        (d / "b.bin").write_bytes(b"other")
+        view = d / ".ckptfs-committed" / "a.bin"
+        fd = os.open(view, os.O_RDONLY)
+        try:
+            with pytest.raises(OSError) as e:
+                os.rename(d / "b.bin", view)
+            assert e.value.errno in (errno.EROFS, errno.EXDEV), e.value
+            assert os.pread(fd, 100, 0) == b"committed"
+            assert os.fstat(fd).st_nlink == 1
+        finally:
+            os.close(fd)
+        assert view.read_bytes() == b"committed" and (d / "a.bin").read_bytes() == b"committed"
+        assert os.stat(view).st_nlink == 1
+        assert sorted(os.listdir(d / ".ckptfs-committed")) == ["a.bin", "b.bin"]
 
 
 @pytest.mark.portable

@@ -161,6 +161,11 @@ class Generations:
         """Kept generations of ``path``, newest first."""
         return list(self.table.get(path, ()))
 
+    def links_to(self, ino: int) -> int:
+        """How many kept generations are names of backing inode ``ino`` (O(generations): for an
+        fstat of an open file whose name went, which natively counts none of them)."""
+        return sum(1 for gs in self.table.values() for g in gs if g.rec.ino == ino)
+
     def plan(self, prev: FileRecord | None) -> dict | None:
         """The ``keep`` fragment for an install replacing ``prev`` (None: keep nothing)."""
         if self.keep <= 0 or prev is None:

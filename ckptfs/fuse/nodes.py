@@ -22,6 +22,10 @@ T5  *Reader nodes* (V1 on the native transport): while a checkpoint file has a n
     tmp + rename.  A reader node is unmapped with its name (unlink, rename, removal); once nobody
     is isolated any more :meth:`drop_reader` retires it (it keeps its path for opens already on
     their way); its open handles keep answering.
+T6  A node whose name was renamed over answers as the file it named (the kernel may send requests
+    for it whose walk began before the rename).  T7: a kernel-known regular file renamed over keeps
+    an open read-only handle (``keeper``, fuse/ops.py) until the kernel forgets the node: an open
+    whose lookup came before the rename opens that file, as natively, never ESTALE.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ class Node:
     entry_cached: bool = False  # the kernel may hold a dentry for it with a timeout (ops.Ops.entry)
     replaced: bool = False  # its name was renamed over: the name now names another file (T6)
     gone_attr: dict | None = None  # T6: the attributes of the file it named when it was renamed over
+    keeper: int = 0  # T7: a read-only handle of that file, held until the kernel forgets the node
 
 
 def join(parent: str, name: str) -> str:
@@ -175,12 +180,17 @@ class Nodes:
         with self.lock:
             return self.readers.pop(path, None)
 
-    def forget(self, nid: int, count: int) -> None:
+    def forget(self, nid: int, count: int) -> Node | None:
+        """The kernel dropped ``count`` lookups of ``nid``.  Returns the node where it is now
+        forgotten but still holds a keeper handle (T7): the caller releases it, then forgets the
+        node again with count 0 (the kernel sends nothing more for it)."""
         with self.lock:
             n = self.by_id.get(nid)
             if n is None or nid == ROOT_ID:
-                return
+                return None
             n.nlookup -= count
+            if n.nlookup <= 0 and n.keeper:
+                return n
             if n.nlookup <= 0 and n.opens <= 0:
                 del self.by_id[nid]
                 if n.reader:
@@ -188,6 +198,7 @@ class Nodes:
                         del self.readers[n.path]
                 elif n.path is not None and self.by_path.get(n.path) is n:
                     self._pop(n.path)
+            return None
 
     def unmap(self, path: str, subtree: bool = False) -> list[Node]:
         """The name ``path`` (and, with ``subtree``, every name below it) is gone (T2)."""

@@ -7,6 +7,10 @@ the core sees the same calls on both transports:
 
 * an unlinked (or renamed-over) file that is still open is renamed to ``.fuse_hidden<16 hex>``
   (libfuse's ``hard_remove=0``), and that name is unlinked at its last release;
+* a regular file the kernel knows that a rename replaces keeps a read-only handle (its *keeper*,
+  T7 in fuse/nodes.py) until the kernel forgets its node, so it is hidden as an open file is: an
+  open whose lookup came before the rename opens the file it looked up, as natively (it was
+  answered ESTALE, and a second rename before the VFS's one repeat made that reach the reader);
 * a directory's entries are listed once per ``opendir`` stream (offset 0) and served from that
   list for the following READDIR requests;
 * SETATTR is chmod, chown, truncate, utimens in that order, then getattr.
@@ -38,6 +42,7 @@ from ckptfs.fuse.pagecache import PageCachePolicy
 log = logging.getLogger("ckptfs.fuse")
 
 RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
+KEEPERS_MAX = 4096  # T7: keeper handles at once (each an fd); past it a late open is answered ESTALE
 
 
 class Reply(Exception):
@@ -92,6 +97,7 @@ class Ops:
         self._next_dh = 1
         self._hidectr = 0
         self._redirected: dict[int, int] = {}  # thread -> node id its last open was redirected from
+        self.keepers = 0  # T7: keeper handles held now (at most KEEPERS_MAX)
         self.lock = threading.Lock()
         self.passthrough: Any = None  # fuse/passthrough.Passthrough once negotiated at INIT
         self.invalidate: Callable[[Node], None] = lambda n: None  # fuse/notify.Notifier.inode
@@ -190,9 +196,18 @@ class Ops:
             # T6: renamed over and no longer open here: the file it was, unlinked (an fstat racing the
             # release of another handle, or a stat whose walk began before the rename), never cached
             return self.attr("", dict(node.gone_attr, st_nlink=0), reader=True)
-        if (node is None or node.path is None) and fh_ not in self.fs.handles:
-            raise _gone(node)
-        path = node.path if node is not None and node.path is not None else ""  # "": answered by fh_
+        if node is None or node.path is None:
+            # by its handle only: a handle released since gives the node's gone attributes, never
+            # another path's (it was the root's: a directory, and the kernel made the inode bad, EIO)
+            try:
+                if fh_ is None:
+                    raise FileNotFoundError(errno.ENOENT, "no handle")
+                return self.attr("", self.fs.fgetattr(fh_), reader=True)
+            except FileNotFoundError:
+                if node is not None and node.replaced and node.gone_attr is not None:
+                    return self.attr("", dict(node.gone_attr, st_nlink=0), reader=True)
+                raise _gone(node) from None
+        path = node.path
         asker = c
         if node is not None and not node.reader and fh_ is None and path and self.fs.isolated(path, c):
             # a process isolated from the version being written (V1) that still reaches the writer's
@@ -262,9 +277,10 @@ class Ops:
         self.fs.mkdir(path, mode | stat.S_IFDIR, c)
         return self.entry(path, self.fs.getattr(path, None, c))
 
-    def _hide(self, path: str, n: Node, c: Caller) -> None:
+    def _hide(self, path: str, n: Node, c: Caller, before: str) -> str:
         """Rename the open file at ``path`` to a hidden name instead of removing it (libfuse's
-        ``hard_remove=0``); the core keeps nothing on disk for it (``CkptFS._hide``)."""
+        ``hard_remove=0``) before an ``unlink`` or a ``rename`` over it (``before``); the core keeps
+        nothing on disk for it (``CkptFS._hide``).  Returns the hidden name."""
         d, _ = split(path)
         while True:
             with self.lock:
@@ -272,15 +288,58 @@ class Ops:
                 hidden = join(d, f".fuse_hidden{n.nid & 0xFFFFFFFF:08x}{self._hidectr & 0xFFFFFFFF:08x}")
             if self.nodes.at(hidden) is None:
                 break
-        self.fs.rename(path, hidden, 0, c)
+        self.fs.hide(path, hidden, c, before)
         self.nodes.move(path, hidden)
         n.hidden = True
+        return hidden
+
+    def _keep(self, victim: Node, path: str, c: Caller) -> None:
+        """T7: before a rename over ``path``, give its kernel-known regular file ``victim`` a
+        read-only handle held until the kernel forgets the node.  Best effort: a file that cannot
+        be opened (EIO, corrupt) or past KEEPERS_MAX gets none (a late open is then ESTALE)."""
+        st = victim.gone_attr
+        if victim.keeper or victim.nlookup <= 0 or st is None or not stat.S_ISREG(st["st_mode"]):
+            return
+        with self.lock:
+            if self.keepers >= KEEPERS_MAX:
+                self.fs.stats["keepers_refused"] += 1
+                return
+            self.keepers += 1
+        try:
+            fh = self.fs.open(path, os.O_RDONLY, c)
+        except OSError as e:
+            log.debug("no keeper for %s: %s", path, e)
+            with self.lock:
+                self.keepers -= 1
+            return
+        with self.lock:
+            victim.opens += 1
+            victim.keeper = fh
+            self.fh_node[fh] = victim
+        self.fs.stats["keepers"] += 1
+
+    def _drop_keeper(self, n: Node) -> None:
+        """Release ``n``'s keeper handle (T7), as a RELEASE of it would."""
+        fh = n.keeper
+        if not fh:
+            return
+        n.keeper = 0
+        with self.lock:
+            self.keepers -= 1
+        self._release(fh, NOBODY)
+
+    def forget(self, nid: int, count: int) -> None:
+        """FORGET: the kernel dropped ``count`` lookups; a forgotten node's keeper is released."""
+        n = self.nodes.forget(nid, count)
+        if n is not None:
+            self._drop_keeper(n)
+            self.nodes.forget(nid, 0)
 
     def unlink(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
         path = self.child(node, _name(body))
         n = self.nodes.at(path)
         if n is not None and n.opens > 0:
-            self._hide(path, n, c)
+            self._hide(path, n, c, "unlink")
         else:
             self.fs.unlink(path, c)
             self.nodes.unmap(path)
@@ -300,17 +359,31 @@ class Ops:
         new = self.child(self.nodes.get(newdir), newname)
         self.pages.forget(old, new)
         try:
-            if flags == 0:
+            victim, hidden = None, None
+            if flags == 0 and old != new:
                 victim = self.nodes.at(new)
-                if victim is not None and old != new:
+                if victim is not None:
                     try:  # T6: what a request still arriving on it (its walk began before) is answered
                         victim.gone_attr = self.fs.getattr(new, None, c)
                     except OSError:
                         victim.gone_attr = None
-                if victim is not None and victim.opens > 0 and old != new:
-                    self._hide(new, victim, c)
+                    self._keep(victim, new, c)
+                if victim is not None and victim.opens > 0:
+                    # hidden before the rename: an OPEN of the victim racing it (its lookup came
+                    # before) must not find ``new`` naming the renamed file (it did, and was split
+                    # off as another version: ESTALE, twice in a row reaching the reader)
+                    hidden = self._hide(new, victim, c, "rename")
                     victim.replaced = True  # T6: renamed over, not unlinked
-            self.fs.rename(old, new, flags, c)
+            try:
+                self.fs.rename(old, new, flags, c)
+            except OSError:
+                if victim is not None and hidden is not None:  # nothing changed on disk: undo the hide
+                    self.fs.unhide(hidden, new)
+                    self.nodes.move(hidden, new)
+                    victim.hidden = victim.replaced = False
+                if victim is not None:
+                    self._drop_keeper(victim)
+                raise
             if flags & RENAME_EXCHANGE:
                 self.nodes.exchange(old, new)
             elif old != new:
@@ -462,6 +535,10 @@ class Ops:
 
     def release(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
         fh, *_ = k.RELEASE_IN.unpack_from(body)
+        self._release(fh, c)
+        return b""
+
+    def _release(self, fh: int, c: Caller) -> None:
         try:
             self.fs.release(fh, c)
         finally:
@@ -479,7 +556,8 @@ class Ops:
                 except OSError as e:
                     log.debug("unlink of hidden %s: %s", hidden, e)
                 self.nodes.unmap(hidden)
-        return b""
+            if n is not None and last and n.nlookup <= 0:
+                self.nodes.forget(n.nid, 0)  # forgotten before this release arrived: drop it now
 
     def fsync(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
         fh, *_ = k.FSYNC_IN.unpack_from(body)

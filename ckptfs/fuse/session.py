@@ -236,7 +236,7 @@ class Session:
         ops = self.ops
         self.stats[self.keys.get(opcode, "fuse_other")] += 1
         if opcode == k.FORGET:
-            ops.nodes.forget(nid, k.FORGET_IN.unpack_from(body)[0])
+            ops.forget(nid, k.FORGET_IN.unpack_from(body)[0])
             return
         if opcode == k.BATCH_FORGET:
             count, _ = k.BATCH_FORGET_IN.unpack_from(body)
@@ -244,7 +244,7 @@ class Session:
             for _i in range(count):
                 fnid, nl = k.FORGET_ONE.unpack_from(body, off)
                 off += k.FORGET_ONE.size
-                ops.nodes.forget(fnid, nl)
+                ops.forget(fnid, nl)
             return
         if opcode == k.INTERRUPT:
             return  # every handler runs to completion; its reply answers the interrupted request
