@@ -145,7 +145,7 @@ class CkptFS:
         rules: RuleSet | None = None,
         housekeeping_interval: float = 1.0,
         on_corrupt: str = "eio",
-        keep_generations: int = 1,
+        keep_generations: int | None = None,
         scrub_interval: float = 0.0,
         scrub_rate_mb: float = 64.0,
         compact_every: int = COMPACT_EVERY,
@@ -193,14 +193,20 @@ class CkptFS:
         self.on_shutdown: list[Callable[[], None]] = []  # run first at unmount (the mirror stops its uploads)
         self.shut_down = False
         # kept previous versions (G11, --on-corrupt rollback): written by the commit path
-        self.gens = Generations(store, keep_generations, self.recovery.generations)
+        # kept previous versions: ``keep_generations`` None (the default) keeps one where it serves,
+        # for files in checkpoint groups (G11 rolls a torn re-save back to them) and, with
+        # --on-corrupt rollback, for every file (its rollback target); a number keeps that many for
+        # every overwritten file (issue 25: an in-place model.pt doubled the disk out of sight)
+        self.gens = Generations(store, 1 if keep_generations is None else keep_generations,
+                                self.recovery.generations,
+                                everywhere=keep_generations is not None or on_corrupt == "rollback")
         self.journal.extra_state = lambda: {"generations": self.gens.to_json(),
                                             "quarantine": self.grp.quarantine_json()}
         # the commit path (engine/commit.py): seal, install, namespace ops, the async committer
         self.commit = self.commit_engine(
             store=store, journal=self.journal, records=self.records, pending=self.pending, queued=self.queued,
             aborts=self.aborts, last_abort=self.last_abort, stats=self.stats, lock=self.lock, gens=self.gens,
-            inodes=self.inodes, events_hub=self.events, keep_plan=lambda p, prev: self.integrity.keep_plan(p, prev),
+            inodes=self.inodes, events_hub=self.events, keep_plan=self._keep_plan,
             check_formats=check_formats, commit_mode=commit_mode, max_backlog=max_backlog,
             max_backlog_bytes=max_backlog_bytes)
         self.commit_lock = self.commit.commit_lock
@@ -409,9 +415,35 @@ class CkptFS:
         with self.commit_lock:
             self.grp.apply_retention(d)
 
-    def gc(self, dry_run: bool = False, pid: int = 0) -> dict[str, Any]:
-        """``ckptfs gc`` / ``user.ckptfs.gc``: delete quarantined groups and debris; the report."""
-        return self.grp.gc(dry_run, pid)
+    def _keep_plan(self, path: str, prev: FileRecord | None) -> dict | None:
+        """Whether (and how) the committed version an install or a rename replaces at ``path`` is
+        kept as a generation: where it serves (``Generations.everywhere``, else in a checkpoint
+        group).  Commit lock held."""
+        if not self.gens.everywhere and self.grp.group_of(path) is None:
+            return None
+        return self.integrity.keep_plan(path, prev)
+
+    def gc(self, dry_run: bool = False, pid: int = 0, generations: bool = False) -> dict[str, Any]:
+        """``ckptfs gc`` / ``user.ckptfs.gc``: delete quarantined groups and debris, and with
+        ``generations`` every kept previous version too; the report."""
+        if not generations:
+            return self.grp.gc(dry_run, pid)
+        self.commit.barrier()
+        with self.commit_lock:
+            with self.lock:
+                kept = self.gens.drop_all(dry_run)
+            if not dry_run:
+                self.gens.collect()  # (a crash before the compaction: recovery drops the missing ones)
+                self.commit.compact()
+        rep = self.grp.gc(dry_run, pid)
+        rep["generations_removed"] = len(kept)
+        rep["generations_bytes"] = sum(size for _, size in kept)
+        rep["bytes_freed"] += rep["generations_bytes"]
+        if not dry_run:
+            self.stats["gc_bytes_freed"] += rep["generations_bytes"]
+        with self.lock:
+            self.grp.gc_reports[pid] = rep
+        return rep
 
     def served(self, fh: int) -> tuple[str, tuple | None] | None:
         """The path of open handle ``fh`` and the verified version key it reads from (None for a
@@ -1996,7 +2028,11 @@ class CkptFS:
             if caller is not NOBODY and caller.uid != 0 and self.store.lstat("").st_uid != caller.uid:
                 raise _err(errno.EPERM, "ckptfs: gc deletes quarantined groups anywhere in the mount: "
                                         "root or the mount's owner only")
-            self.grp.gc(dry_run=value.strip() == b"dry-run", pid=caller.pid)  # report: X_GC_REPORT
+            words = set(value.strip().split(b","))
+            if not words <= {b"1", b"dry-run", b"generations"}:
+                raise _err(errno.EINVAL, "ckptfs: user.ckptfs.gc takes 1, dry-run, generations or "
+                                         "generations,dry-run")
+            self.gc(dry_run=b"dry-run" in words, pid=caller.pid, generations=b"generations" in words)
             return
         if name == X_CONTROL:
             self.integrity.control(path, value)  # verify / scrub on demand (integrity/reads.py)

@@ -214,7 +214,7 @@ def cmd_seal(a: argparse.Namespace) -> int:
     return 0 if status == SEALED else 1
 
 
-def _offline_dry_run(root: str) -> dict[str, Any]:
+def _offline_dry_run(root: str, generations: bool = False) -> dict[str, Any]:
     """What gc on the unmounted ``root`` would delete, read-only: recovery (which gc runs first) is
     not run, so groups a crash left open are named in a note, not counted."""
     r = offline_state(root)
@@ -224,7 +224,13 @@ def _offline_dry_run(root: str) -> dict[str, Any]:
                   "or gc) first rolls it back or moves it out of sight; not counted here", file=sys.stderr)
     store = OsBackingStore(root)
     try:
-        return qt.report(qt.gc_plan(store, r.quarantine, r.groups), True, os.getpid())
+        rep = qt.report(qt.gc_plan(store, r.quarantine, r.groups), True, os.getpid())
+        if generations:
+            kept = [g for gs in r.gens.values() for g in gs]  # (raw entries: {"name", "rec"})
+            rep["generations_removed"] = len(kept)
+            rep["generations_bytes"] = sum(int(g.get("rec", {}).get("size", 0)) for g in kept)
+            rep["bytes_freed"] += rep["generations_bytes"]
+        return rep
     finally:
         store.shutdown()
 
@@ -233,21 +239,22 @@ def cmd_gc(a: argparse.Namespace) -> int:
     w = locate(a.dir)
     if w.mounted:
         try:
-            os.setxattr(w.root, X_GC, b"dry-run" if a.dry_run else b"1")
+            words = [b"generations"] if a.generations else []
+            os.setxattr(w.root, X_GC, b",".join([*words, b"dry-run" if a.dry_run else b"1"]))
             rep = json.loads(os.getxattr(w.root, X_GC_REPORT))
         except OSError as e:
             raise CliError(f"{w.root}: gc failed: {e.strerror}", 1) from None
         if rep.get("pid") != os.getpid():  # (the daemon keeps each process's own report)
             print("ckptfs: warning: this report is another gc's", file=sys.stderr)
     elif a.dry_run:
-        rep = _offline_dry_run(w.root)
+        rep = _offline_dry_run(w.root, a.generations)
     else:
         from ckptfs.fs import CkptFS
 
         store = OsBackingStore(w.root)
         try:
             fs = CkptFS(store, housekeeping_interval=0)  # runs recovery: torn groups are quarantined first
-            rep = fs.gc(pid=os.getpid())
+            rep = fs.gc(pid=os.getpid(), generations=a.generations)
             fs.shutdown()
         finally:
             store.shutdown()
@@ -262,7 +269,10 @@ def cmd_gc(a: argparse.Namespace) -> int:
     if rep.get("items_omitted"):
         print(f"... and {rep['items_omitted']} more (each is in {w.root}/.ckptfs/daemon.log)")
     n = rep["groups_removed"]
-    print(f"ckptfs: gc {verb} {n} group{'' if n == 1 else 's'} ({rep['bytes_freed'] / 1e6:.1f} MB) from {w.root}")
+    gens = (f" and {rep['generations_removed']} kept generation{'' if rep['generations_removed'] == 1 else 's'}"
+            if "generations_removed" in rep else "")
+    print(f"ckptfs: gc {verb} {n} group{'' if n == 1 else 's'}{gens} ({rep['bytes_freed'] / 1e6:.1f} MB) "
+          f"from {w.root}")
     return 0
 
 
@@ -438,4 +448,7 @@ def add_parsers(sub: Any) -> None:
     gc.add_argument("dir")
     gc.add_argument("--dry-run", action="store_true", help="list what would be deleted; delete nothing")
     gc.add_argument("--json", action="store_true", help="the report as JSON")
+    gc.add_argument("--generations", action="store_true",
+                    help="also delete every kept previous version (rollback targets: a torn re-save "
+                         "of a sealed group is then quarantined, not rolled back)")
     gc.set_defaults(func=cmd_gc)

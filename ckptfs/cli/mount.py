@@ -378,8 +378,10 @@ _positive = _number(int, 1, "a whole number")  # retention counts
 def _add_integrity_args(m: argparse.ArgumentParser) -> None:
     m.add_argument("--on-corrupt", choices=("eio", "rollback"), default="eio",
                    help="corrupt committed file: fail with EIO (default) or serve its newest good kept generation")
-    m.add_argument("--keep-generations", type=_count, default=1, metavar="N",
-                   help="previous committed versions kept per overwritten file (default 1; 0 = none)")
+    m.add_argument("--keep-generations", type=_count, default=None, metavar="N",
+                   help="previous committed versions kept per overwritten file, every file (0 = none); "
+                        "default: 1 where it serves, in checkpoint groups (a torn re-save rolls back "
+                        "to it) and, with --on-corrupt rollback, every file")
     m.add_argument("--scrub-interval", type=_nonneg, default=86400.0, metavar="SECONDS",
                    help="background re-verification of all committed files every SECONDS (default 86400; 0 = off)")
     m.add_argument("--scrub-rate", type=_nonneg, default=64.0, metavar="MB/s",
@@ -388,7 +390,8 @@ def _add_integrity_args(m: argparse.ArgumentParser) -> None:
 
 def _integrity_argv(a: argparse.Namespace) -> list[str]:
     """The integrity options to pass on to the foreground daemon."""
-    return ["--on-corrupt", a.on_corrupt, "--keep-generations", str(a.keep_generations),
+    keep = [] if a.keep_generations is None else ["--keep-generations", str(a.keep_generations)]
+    return ["--on-corrupt", a.on_corrupt, *keep,
             "--scrub-interval", str(a.scrub_interval), "--scrub-rate", str(a.scrub_rate)]
 
 

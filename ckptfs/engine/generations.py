@@ -145,9 +145,12 @@ class Generations:
     caller runs once ``lock`` is released (still under the commit lock).  One that is never
     collected (a crash in between) is an unreferenced file recovery's ``reconcile`` deletes."""
 
-    def __init__(self, store: BackingStore, keep: int, table: dict[str, list[GenEntry]]) -> None:
+    def __init__(self, store: BackingStore, keep: int, table: dict[str, list[GenEntry]],
+                 everywhere: bool = True) -> None:
         self.store = store
         self.keep = max(0, keep)
+        # False: only files in checkpoint groups keep generations (the caller's keep_plan decides)
+        self.everywhere = everywhere
         self.table = table
         self._dropped: list[str] = []
         for path in list(self.table):
@@ -160,6 +163,17 @@ class Generations:
     def of(self, path: str) -> list[GenEntry]:
         """Kept generations of ``path``, newest first."""
         return list(self.table.get(path, ()))
+
+    def drop_all(self, dry_run: bool = False) -> list[tuple[str, int]]:
+        """Every kept generation, as (name, size); unless ``dry_run`` dropped from the table (the
+        files go at :meth:`collect`).  ``ckptfs gc --generations``."""
+        kept = [(g.name, g.rec.size) for gs in self.table.values() for g in gs]
+        if not dry_run:
+            for gs in self.table.values():
+                for g in gs:
+                    self._remove(g)
+            self.table.clear()
+        return kept
 
     def links_to(self, ino: int) -> int:
         """How many kept generations are names of backing inode ``ino`` (O(generations): for an

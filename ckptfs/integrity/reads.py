@@ -489,7 +489,8 @@ class Integrity:
                 {"status": "corrupt" if self.metadata_problems else "ok", "problems": self.metadata_problems[-20:]}),
             X_SCRUB: json.dumps(self.scrub_info, sort_keys=True),
             X_ON_CORRUPT: self.on_corrupt,
-            X_KEEP_GENERATIONS: str(self.gens.keep),
+            X_KEEP_GENERATIONS: (str(self.gens.keep) if self.gens.everywhere
+                                 else f"{self.gens.keep} (checkpoint groups)"),
         }
 
     def control(self, path: str, value: bytes) -> None:
