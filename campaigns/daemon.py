@@ -96,7 +96,9 @@ class Chain:
         self.n += 1
         self.dir = self.base / f"{self.commit}-{self.n}"
         self.dir.mkdir(parents=True)
-        self.m = Mount(self.dir, commit=self.commit, env=ENV)
+        # every replaced file keeps a generation (not only those in groups, the default): the
+        # crash points of a kept generation's intent, link and rename are on every rotation here
+        self.m = Mount(self.dir, commit=self.commit, env=ENV, extra_args=["--keep-generations", "1"])
         self.acked: list[int] = []
         self.latest = -1
 
