@@ -9,8 +9,12 @@ One trial (``Campaign.trial``):
 2. remount: clean stop + start, or daemon ``kill -9`` + start (recovery), then ``check_tree``;
 3. start a ``train`` job: it resumes by the framework's own logic (its ledger ``resumed`` record
    is checked like 1 - the post-remount check) and keeps training and saving;
-4. wait until the job has begun its N-th save (N random in 1..3), sleep a random time in
-   ``[0, 1.5 x the longest save window seen so far]``, ``killpg(SIGKILL)`` the job (every rank).
+4. wait until the job has begun its N-th save (N random in 1..3), then ``killpg(SIGKILL)`` the job
+   (every rank): in half of the trials after a random time in ``[0, 1.5 x the longest save window
+   seen so far]``, in the other half *aimed between two files*: at the first moment, after a file
+   under the job's directory was open, that none is (between two files of the save, or after the
+   last one before its marker: with ckptfs most of a save's time is inside ``close()``, so random
+   kills rarely land there, issue 25).
 
 Bit-exact (``check_loaded``): the ledger (outside the mount, fsynced) holds, for every save the
 workload began, the digest of the state it passed to the framework.  A loaded step ``s`` must
@@ -122,6 +126,34 @@ def group_members(pgid: int) -> list[int]:
                 stat_pid = int(e)
                 out.append(stat_pid)
     return out
+
+
+def _has_open_under(pids: list[int], prefix: str) -> bool:
+    for p in pids:
+        try:
+            fds = os.listdir(f"/proc/{p}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{p}/fd/{fd}").startswith(prefix):
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+def wait_between_files(pgid: int, prefix: str, until: float) -> bool:
+    """Poll the job's open files until, after one under ``prefix`` was open, none is; True if that
+    moment came before ``until`` (monotonic), False if not (the caller kills it then anyway)."""
+    seen = False
+    while time.monotonic() < until:
+        if _has_open_under(group_members(pgid), prefix):
+            seen = True
+        elif seen:
+            return True
+        time.sleep(0.0003)
+    return False
 
 
 def wait_group_dead(pgid: int, timeout: float = 30.0) -> None:
@@ -263,10 +295,16 @@ class Campaign:
         nres0 = sum(r["ev"] == "resumed" for r in recs)
         pid = self.server.start("train", self.args(seed=0))
         target = self.rng.randint(1, 3)
+        aimed = self.rng.random() < 0.5
+        delay, between = 0.0, False
         try:
             b = self.wait_begins(pid, n0, target, time.monotonic() + 120)
-            delay = self.rng.uniform(0.0, 1.5 * self.window)
-            time.sleep(max(0.0, b["t"] + delay - time.monotonic()))
+            if aimed:
+                between = wait_between_files(pid, str(self.dir) + "/", b["t"] + 3 * self.window + 2.0)
+                delay = time.monotonic() - b["t"]
+            else:
+                delay = self.rng.uniform(0.0, 1.5 * self.window)
+                time.sleep(max(0.0, b["t"] + delay - time.monotonic()))
         finally:
             try:
                 os.killpg(pid, signal.SIGKILL)
@@ -287,6 +325,7 @@ class Campaign:
         res["killed_in_save"] = not any(r["ev"] == "end" and r["step"] == last_begin["step"]
                                         for r in recs[recs.index(last_begin):])
         res["kill_delay"] = round(delay, 4)
+        res["aimed"], res["between_files"] = aimed, between
         self.update_window()
         res["window"] = round(self.window, 4)
         self.results.append(res)
@@ -332,5 +371,7 @@ def run_campaign(fw: Framework, mount: Mount, work: Path, trials: int, seed: int
     res = c.results
     return {"framework": fw.name, "trials": trials, "seconds": round(time.monotonic() - t0, 1),
             "killed_in_save": sum(r["killed_in_save"] for r in res),
+            "aimed": sum(r["aimed"] for r in res),
+            "between_files": sum(r["between_files"] and r["killed_in_save"] for r in res),
             "daemon_kills": sum(r["remount"] == "daemon-kill" for r in res[1:]) + 1,
             "max_window_s": c.window, "final": final, "results": res}
