@@ -307,3 +307,52 @@ def test_a_real_committed_view_directory_is_never_shadowed(tmp_path: Path) -> No
         assert os.listdir(d / ".ckptfs-committed") == ["mine.txt"]
         (d / ".ckptfs-committed" / "more.txt").write_text("writable as natively")
     assert (d / ".ckptfs-committed" / "more.txt").read_text() == "writable as natively"
+
+
+def test_a_snapshot_that_is_a_directory_is_a_clear_error(tmp_path: Path) -> None:
+    """Issue 26: ``.ckptfs/snapshot`` made a directory while unmounted gave an IsADirectoryError
+    traceback from ``verify`` and from ``mount``.  Now one line naming the file and the way out
+    (``recover --rebuild``), which then mounts with every file readable (records read back from the
+    files' own); a symbolic link there is refused the same way by ``verify``."""
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    with Mount(d).start():
+        (d / "model.pt").write_bytes(b"weights" * 100)
+    snap = d / META_DIR / "snapshot"
+    snap.unlink()
+    snap.mkdir()
+    for args, rc in ((("verify", str(d)), 2), (("mount", str(d)), 1)):
+        r = ckptfs(*args)
+        assert r.returncode == rc and "Traceback" not in r.stderr, (args, r.stderr)
+        assert "snapshot is not a regular file" in r.stderr and "recover --rebuild" in r.stderr, r.stderr
+        assert subprocess.run(["mountpoint", "-q", str(d)]).returncode != 0
+    r = ckptfs("recover", "--rebuild", str(d))
+    assert r.returncode == 0, r.stdout + r.stderr
+    with Mount(d).start():
+        assert (d / "model.pt").read_bytes() == b"weights" * 100
+    assert ckptfs("verify", str(d)).returncode == 0
+    snap.unlink()
+    snap.symlink_to(tmp_path / "elsewhere")
+    r = ckptfs("verify", str(d))
+    assert r.returncode == 2 and "snapshot is a symbolic link" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+AS_USER_SCRUB = AS_USER_VERIFY.replace('main(["verify", sys.argv[1]])', 'main(["scrub", "--wait", sys.argv[1]])')
+
+
+def test_scrub_by_another_user_is_one_line_refusal(tmp_path: Path) -> None:
+    """Issue 26: ``scrub`` by a user who is not the mount's owner ended in a traceback (ENODATA from
+    the root's status attribute, or EACCES reading ``.ckptfs/`` unmounted).  Now one line, exit 2,
+    mounted and unmounted; the owner's scrub still runs."""
+    with _reachable_dir("ckptfs-scrub-", "m", 0o755) as d:
+        with Mount(d, extra_args=["--allow-other"]).start():
+            (d / "model.pt").write_bytes(b"\0" * 100)
+            r = subprocess.run([sys.executable, "-c", AS_USER_SCRUB, str(d)], capture_output=True, text=True,
+                               env=_env(), timeout=120)
+            assert r.returncode == 2 and "scrub refused: permission denied" in r.stderr, (r.stdout, r.stderr)
+            assert "Traceback" not in r.stderr, r.stderr
+            r = ckptfs("scrub", "--wait", str(d))
+            assert r.returncode == 0 and json.loads(r.stdout)["files"] >= 1, r.stdout + r.stderr
+        r = subprocess.run([sys.executable, "-c", AS_USER_SCRUB, str(d)], capture_output=True, text=True,
+                           env=_env(), timeout=120)
+        assert r.returncode == 2 and "permission denied" in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -38,6 +38,7 @@ from ckptfs.integrity.verify import (
     untracked_files,
     verify_many,
 )
+from ckptfs.log.journal import CorruptMetadata
 from ckptfs.xattrs import X_CONTROL, X_ERROR, X_SCRUB, X_STATUS
 
 CONTROL = X_CONTROL.encode()
@@ -104,7 +105,13 @@ def _offline(path: str, rate: float, progress: bool, as_json: bool) -> tuple[int
     rel = "" if rel == "." else rel
     store = OsBackingStore(root)
     try:
-        state = load_offline(store)
+        try:
+            state = load_offline(store)
+        except CorruptMetadata as e:
+            raise CliError(f"{root}: not verified: {e}; run 'ckptfs recover --rebuild {root}'", 2) from None
+        except PermissionError:
+            raise CliError(f"{root}: not verified: permission denied ({META_DIR}/ is its owner's: "
+                           "run as the directory's owner or root)", 2) from None
         recs = select(state.files, rel)
         gen_recs = {}
         from ckptfs.records import FileRecord
@@ -206,9 +213,14 @@ def cmd_scrub(a: argparse.Namespace) -> int:
         rc, words = _offline(d, a.rate, a.progress, a.json)
         summary_line(rc, words, a.json)
         return rc
-    before = json.loads(os.getxattr(root, X_SCRUB))
-    t0 = time.time()
-    os.setxattr(root, CONTROL, b"scrub")
+    try:
+        before = json.loads(os.getxattr(root, X_SCRUB))
+        t0 = time.time()
+        os.setxattr(root, CONTROL, b"scrub")
+    except OSError as e:
+        # (the status attributes and control of the root answer its owner and root only)
+        why = "permission denied" if e.errno in (errno.EPERM, errno.EACCES, errno.ENODATA) else e.strerror
+        raise CliError(f"{root}: scrub refused: {why} (the mount's owner or root may scrub)", 2) from None
     if not a.wait:
         print(f"ckptfs: background scrub of {root} started (see: ckptfs status {root})")
         return 0

@@ -23,6 +23,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 import struct
 import threading
 import zlib
@@ -75,9 +76,19 @@ def decode_frames(data: bytes) -> tuple[list[dict], int]:
 
 
 def read_whole(store: BackingStore, path: str) -> bytes:
-    fd = store.open(path, os.O_RDONLY)
+    """The whole of metadata file ``path``; CorruptMetadata if it is not a regular file (a
+    directory or a device planted there: it was an IsADirectoryError traceback)."""
     try:
-        size = store.fstat(fd).st_size
+        fd = store.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise CorruptMetadata(f"{path} is a symbolic link") from None
+        raise
+    try:
+        st = store.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise CorruptMetadata(f"{path} is not a regular file")
+        size = st.st_size
         chunks = []
         off = 0
         while off < size:
