@@ -603,6 +603,58 @@ def test_a_dcp_save_over_four_node_mounts_commits_once_and_restores_whole(tmp_pa
     assert check_loadable(str(out / "step_2"), 2, 4, 1.0) == ""
 
 
+def _dcp_job(tmp_path: Path, world: int, steps: list[int]) -> None:
+    port = free_ports(1)[0]
+    procs = [subprocess.Popen([sys.executable, "-m", "ckptfs_testing.dcp_ranks", "--rank", str(r), "--world",
+                               str(world), "--port", str(port), "--dir", str(tmp_path / f"node{r}"), "--steps",
+                               *map(str, steps)], env=child_env(), stdout=subprocess.DEVNULL)
+             for r in range(world)]
+    assert [p.wait(180) for p in procs] == [0] * world
+
+
+def test_a_lower_step_saved_after_higher_ones_is_committed_before_any_node_retires_it(
+        tmp_path: Path, s3: SeaweedS3, bucket: str) -> None:
+    """Issue 25 item 9: with --node-part --keep-last 1 on every node, a complete DCP save of a step
+    lower than steps already committed (a rollback's re-run) was retired on every node the moment it
+    sealed, before any upload: no COMMIT, no copy anywhere.  Two node mounts, world 2: steps 2 and 3,
+    then step 1 again.  Step 1 reaches its remote COMMIT and restores whole; no node retires it
+    before that (the group sealed last is kept); every node's status agrees with the store."""
+    from ckptfs_testing.dcp_ranks import check_loadable
+
+    url = f"s3://{bucket}/job"
+    mounts = []
+    try:
+        for r in range(2):
+            nd = tmp_path / f"node{r}"
+            nd.mkdir()
+            mounts.append(mirror_mount(nd, s3, url, "--mirror-node", f"n{r}", "--node-part", "--idle-seal", "1",
+                                       "--keep-last", "1").start())
+        _dcp_job(tmp_path, 2, [2, 3])
+        for r in range(2):
+            wait_state(tmp_path / f"node{r}" / "step_3", timeout=60)
+        _dcp_job(tmp_path, 2, [1])
+        for r in range(2):
+            assert (tmp_path / f"node{r}" / "step_1").is_dir(), r  # sealed last: kept
+            wait_state(tmp_path / f"node{r}" / "step_1", timeout=60)
+        ks = keys(s3, bucket)
+        assert "job/step_1/.ckptfs/COMMIT" in ks and "job/step_3/.ckptfs/COMMIT" in ks, ks
+        for r in range(2):
+            st = json.loads(os.getxattr(tmp_path / f"node{r}", "user.ckptfs.mirror"))
+            assert st["last_error"] == "", st
+            for name in os.listdir(tmp_path / f"node{r}"):
+                if name.startswith("step_"):  # what a node still holds says what the store has
+                    assert mstate(tmp_path / f"node{r}" / name) == "committed", (r, name)
+                    assert f"job/{name}/.ckptfs/COMMIT" in ks, (r, name)
+    finally:
+        for m in mounts:
+            m.stop()
+    out = tmp_path / "fresh"
+    out.mkdir()
+    r = cli("restore", url, str(out), "--group", "step_1", env=s3.env())
+    assert r.returncode == 0, r.stderr
+    assert check_loadable(str(out / "step_1"), 1, 2, 1.0) == ""
+
+
 def test_a_node_part_alone_never_publishes_a_commit(tmp_path: Path, s3: SeaweedS3, bucket: str) -> None:
     """M3: rank 1's node seals and uploads its shard; without rank 0's .metadata no COMMIT exists."""
     d = tmp_path / "node1"

@@ -342,10 +342,14 @@ class Mirror:
         return self.node_part and self._newer_committed(g)
 
     def _newer_committed(self, g: Any) -> bool:
+        """A sibling sealed on this node *after* ``g`` is committed remotely: the job went on, and
+        ``g``'s missing parts will never come.  By seal time, not by step: a lower step saved again
+        after higher ones (a rollback's re-run) was abandoned for the higher steps saved before it
+        (issue 25), and its node never published while the others waited for it."""
         d = parent(g.path)
         with self.fs.lock:
             sibs = [s for s in self.fs.groups.values() if s is not g and s.state == SEALED and parent(s.path) == d]
-        return any(s.order > g.order and self.confirmed.get(s.path) == s.manifest_blake3 for s in sibs)
+        return any(s.sealed_at > g.sealed_at and self.confirmed.get(s.path) == s.manifest_blake3 for s in sibs)
 
     def pinned(self) -> list[tuple[str, int]]:
         with self.fs.lock:
