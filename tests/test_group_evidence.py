@@ -395,3 +395,64 @@ def test_an_open_group_is_listed_only_to_its_writers_job(tmp_path: Path) -> None
                 save.kill()
                 save.wait()
         assert _list(d, own_session=True) == ["checkpoint-1"]  # sealed: listed for everyone
+
+
+NEXT_SAVE = r"""
+import os, sys, torch
+root = sys.argv[1]
+for step in (1, 2):
+    d = os.path.join(root, f"ckpt_{step}")
+    os.makedirs(d)
+    if step == 2:
+        print("began 2", flush=True)
+        sys.stdin.readline()
+    for name in ("model.pt", "optim.pt", "meta.pt"):
+        torch.save({"step": step, "name": name}, os.path.join(d, name))
+    if step == 2:
+        print("wrote 2", flush=True)
+        sys.stdin.readline()
+        os.kill(os.getpid(), 9)
+"""
+
+
+@pytest.mark.portable
+def test_a_loop_beginning_its_next_save_seals_the_one_before(tmp_path: Path) -> None:
+    """Issue 25: a hand-written loop (``ckpt_N/{model,optim,meta}.pt``, no marker) sealed each step
+    only 30 s after its last write; saving more often than that, no step was ever sealed, so an
+    evaluation job in another session never listed any (0 loads in 464 tries, eval race campaign)
+    and ``ckptfs latest`` found nothing.  The writer's ``mkdir`` of its next step of the same layout
+    is the completion event of the one before: sealed at once (idle seal 60 s here), listed to
+    another job, named by ``ckptfs latest``.  The step being written stays unlisted to that job,
+    and its writer killed after all three files leaves it torn: a group is sealed by evidence only."""
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    with Mount(d, extra_args=["--idle-seal", "60"]).start():
+        w = subprocess.Popen([sys.executable, "-c", NEXT_SAVE, str(d)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, env=_env())
+        try:
+            assert w.stdout is not None and w.stdin is not None
+            assert w.stdout.readline().strip() == "began 2"
+            assert os.getxattr(d / "ckpt_1", "user.ckptfs.status") == b"sealed"
+            assert _list(d, own_session=True) == ["ckpt_1"]
+            latest = subprocess.run([sys.executable, "-m", "ckptfs", "latest", str(d)], env=_env(),
+                                    capture_output=True, text=True)
+            assert latest.returncode == 0 and latest.stdout.strip().endswith("ckpt_1"), latest
+            w.stdin.write("go\n")
+            w.stdin.flush()
+            assert w.stdout.readline().strip() == "wrote 2"
+            assert os.getxattr(d / "ckpt_2", "user.ckptfs.status") == b"open"  # no next save: not finished
+            assert _list(d, own_session=True) == ["ckpt_1"]
+            w.stdin.write("go\n")
+            w.stdin.flush()
+            assert w.wait(60) == -9
+        finally:
+            if w.poll() is None:
+                w.kill()
+                w.wait()
+        if _exit_events():  # the kill is evidence: torn, hidden
+            deadline = time.monotonic() + 10
+            while (d / "ckpt_2").exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not (d / "ckpt_2").exists()
+        assert torch.load(d / "ckpt_1" / "optim.pt")["step"] == 1
+        assert _list(d, own_session=True)[:1] == ["ckpt_1"]

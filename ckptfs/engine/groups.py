@@ -392,6 +392,25 @@ class GroupEngine:
         sib = self._sibling_writer(path, rule, pid)
         g = self._open_group(path, self._rule_of(sib) if sib is not None else rule, pid, tentative=True)
         g.made_by_writer = sib is not None
+        if sib is not None:
+            self._seal_finished_siblings(path, rule, procinfo.tgid(pid))
+
+    def _seal_finished_siblings(self, path: str, rule: Rule, tgid: int) -> None:
+        """Process ``tgid`` made ``path``, the next save of a layout it wrote before: every open
+        sibling group of that layout it wrote into, sealed only on idle otherwise, is finished.
+        That is a completion event as good as the idle timeout, which never came while a loop saved
+        more often than it (another job never listed any of its checkpoints, issue 25).  A file
+        still being written in one defers its seal to that file's close (G5); one with evidence of
+        an interruption, or waiting for a marker, is left to its rules.  Commit lock held."""
+        d = parent(path)
+        with self.lock:
+            sibs = [s for s in self.groups.values()
+                    if s.state == OPEN and not s.tentative and tgid in s.pids and parent(s.path) == d
+                    and s.path != path and self.rules.dir_rule(os.path.basename(s.path)) is rule]
+        for s in sibs:
+            if (self._rule_of(s).idle_seal and not self._expects_marker(s) and self._has_files(s)
+                    and not self._interrupted(s)):
+                self.seal_group(s, f"its writer began the next save ({os.path.basename(path)})", tgid)
 
     def _judge_tentative(self, g: GroupState) -> bool:
         """A tentative group whose maker may be gone: tear it (True) or release it.  Caller holds no
