@@ -104,7 +104,9 @@ def single(mode: str = "sync") -> Workload:
 
 
 def overwrite(mode: str = "sync", versions: int = 3) -> Workload:
-    """Repeated torch.save over the same path (equal sizes)."""
+    """Repeated torch.save over the same path (equal sizes).  With ``--keep-generations 1``: a file
+    outside groups keeps no generation by default, and this workload is the one that checks an
+    install that keeps one (intent, link, rename) for every crash state."""
     vs = [torch_bytes(10 + i, 1024) for i in range(versions)]
 
     def run(d: Driver) -> None:
@@ -113,7 +115,7 @@ def overwrite(mode: str = "sync", versions: int = 3) -> Workload:
         if not d.sync:
             d.fsyncdir()
 
-    return Workload("overwrite", mode, run)
+    return Workload("overwrite", mode, run, fs_kwargs={"keep_generations": 1})
 
 
 def group(mode: str = "sync", steps: int = 2) -> Workload:
