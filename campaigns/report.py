@@ -165,10 +165,12 @@ def render(res: dict[str, dict], machine_line: str) -> str:
               f"{r['tensors_compared']} | {'yes' if r['bit_identical'] and not r['violations'] else 'NO'} |"]
     if f:
         L += ["", "## 4. I/O-error matrix (every mutating backing call of an overwrite fails once, in turn)", "",
-              "| error | commit | calls swept | errors surfaced to the app | partial visible | old version intact "
-              "| new complete (failure after rename) | staging leaks | recovery disagrees |",
-              "|---|---|---|---|---|---|---|---|---|"]
-        L += [f"| {c['error']} | {c['commit']} | {c['calls_swept']} | {c['errors_surfaced']} | "
+              "| error | commit | kept generations | calls swept | errors surfaced to the app | saved, error after "
+              "the install | partial visible | old version intact | new complete (failure after rename) | "
+              "staging leaks | recovery disagrees |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+        L += [f"| {c['error']} | {c['commit']} | {c.get('keep_generations', 1)} | {c['calls_swept']} | "
+              f"{c['errors_surfaced']} | {c.get('after_install', 0)} | "
               f"{c['partial_visible']} | {c['old_intact']} | {c['new_complete_after_rename']} | "
               f"{c['staging_leaks']} | {c['recovery_disagrees']} |" for c in f["conditions"]]
         L += ["", "Calls swept: " + ", ".join(sorted({o for c in f["conditions"] for o in c["ops"]})) + "."]

@@ -1,0 +1,190 @@
+"""The per-operation ledger (issue 27, "count, then cut"): exact counts that do not drift with
+the disk, for native and ckptfs, per operation.
+
+    python -m bench.ledger [--dir D] [--json F]
+
+For each operation (a child process runs it ``n`` times): natively, the durability and namespace
+system calls the application itself makes (``strace -f -c`` of the child); through a ckptfs mount
+(native transport, sync commit): the same calls of the application, the FUSE requests by opcode
+(``user.ckptfs.stats`` before and after) and the daemon's own durability and namespace calls
+(``strace -f -c -p`` of the daemon).  Everything is divided by ``n``.  Counts per operation are
+what a cost change must cut; timings are left to ``python -m bench``.
+
+Invariant: every mount is unmounted and its daemon stopped by PID; the scratch directory is
+removed on every exit path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from .common import ROOT
+
+SYSCALLS = ("fsync", "fdatasync", "sync_file_range", "syncfs", "renameat2", "rename", "renameat", "linkat",
+            "unlinkat", "unlink")
+
+# name -> (runs, setup code, code run ``n`` times with ``i`` the iteration and ``d`` the directory)
+OPS: dict[str, tuple[int, str, str]] = {
+    "small file: open, write 1 KiB, close": (
+        100, "", "open(f'{d}/s{i}.txt', 'wb').write(b'x' * 1024)"),
+    "torch.save 4 MiB, new file": (
+        20, "import torch; t = torch.zeros(1 << 20)", "torch.save(t, f'{d}/m{i}.pt')"),
+    "torch.save 4 MiB over the same file": (
+        20, "import torch; t = torch.zeros(1 << 20); torch.save(t, f'{d}/model.pt')",
+        "torch.save(t, f'{d}/model.pt')"),
+    "atomic writer: 1 MiB tmp, fsync, rename, fsync(dir)": (
+        20, "b = os.urandom(1 << 20); dfd = os.open(d, os.O_RDONLY)",
+        "fd = os.open(f'{d}/w.bin.tmp', os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644); os.write(fd, b); "
+        "os.fsync(fd); os.close(fd); os.rename(f'{d}/w.bin.tmp', f'{d}/w.bin'); os.fsync(dfd)"),
+    "group: mkdir step_N, 3 files, COMMIT": (
+        20, "m = os.urandom(128 << 10)",
+        "g = f'{d}/step_{i}'; os.mkdir(g); [open(f'{g}/{n}', 'wb').write(m) for n in "
+        "('model.bin', 'optim.bin', 'rng.json')]; open(f'{g}/COMMIT', 'wb').write(b'ok')"),
+    "open + close (read-only)": (
+        1000, "open(f'{d}/r.txt', 'wb').write(b'x')", "os.close(os.open(f'{d}/r.txt', os.O_RDONLY))"),
+    "stat": (1000, "open(f'{d}/r.txt', 'wb').write(b'x')", "os.stat(f'{d}/r.txt')"),
+    "ls -l of 100 files (listdir + lstat each)": (
+        10, "[open(f'{d}/l{k}', 'wb').write(b'x') for k in range(100)]",
+        "[os.lstat(f'{d}/{n}') for n in os.listdir(d)]"),
+}
+
+CHILD = r"""
+import os, sys
+d, n, setup, body = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+exec(setup)
+print("ready", flush=True)
+sys.stdin.readline()
+for i in range(n):
+    exec(body)
+print("done", flush=True)
+sys.stdin.readline()
+"""
+
+
+def _strace_calls(path: str) -> dict[str, int]:
+    """``strace -c`` columns: % time, seconds, usecs/call, calls, [errors], syscall."""
+    out: dict[str, int] = {}
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return out
+    for ln in lines:
+        p = ln.split()
+        if len(p) >= 5 and p[-1] in SYSCALLS and p[3].isdigit():
+            out[p[-1]] = int(p[3])
+    return out
+
+
+def _run(d: Path, op: str, daemon_pid: int | None, work: Path) -> dict[str, Any]:
+    n, setup, body = OPS[op]
+    app_out = str(work / "app.strace")
+    dmn_out = str(work / "daemon.strace")
+    for f in (app_out, dmn_out):
+        if os.path.exists(f):
+            os.unlink(f)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(d), str(n), setup, body], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, env=env, cwd=str(d))
+    tracers = []
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        assert child.stdout.readline().strip() == "ready"
+        before = json.loads(os.getxattr(d, "user.ckptfs.stats")) if daemon_pid else {}
+        tracers.append(subprocess.Popen(["strace", "-f", "-c", "-o", app_out, "-p", str(child.pid)],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        if daemon_pid:
+            tracers.append(subprocess.Popen(["strace", "-f", "-c", "-o", dmn_out, "-p", str(daemon_pid)],
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        time.sleep(0.5)  # (strace attaches to every thread)
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "done"
+        time.sleep(0.3)  # the daemon's asynchronous work for the last operation (RELEASE, FORGET)
+        after = json.loads(os.getxattr(d, "user.ckptfs.stats")) if daemon_pid else {}
+    finally:
+        for t in tracers:
+            t.terminate()
+            t.wait()
+        if child.poll() is None:
+            try:
+                assert child.stdin is not None
+                child.stdin.write("end\n")
+                child.stdin.flush()
+            except OSError:
+                pass
+            try:
+                child.wait(30)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+    row: dict[str, Any] = {"n": n, "app": {k: v / n for k, v in _strace_calls(app_out).items()}}
+    if daemon_pid:
+        row["fuse"] = {k[5:]: (after.get(k, 0) - before.get(k, 0)) / n for k in after
+                       if k.startswith("fuse_") and after.get(k, 0) != before.get(k, 0)}
+        row["fuse_total"] = sum(row["fuse"].values())
+        row["daemon"] = {k: v / n for k, v in _strace_calls(dmn_out).items()}
+    return row
+
+
+def measure(base: Path) -> list[dict[str, Any]]:
+    from ckptfs_testing.mount import Mount
+
+    rows = []
+    for op in OPS:
+        nat = base / "native"
+        shutil.rmtree(nat, ignore_errors=True)
+        nat.mkdir()
+        native = _run(nat, op, None, base)
+        mp = base / "mount"
+        shutil.rmtree(mp, ignore_errors=True)
+        mp.mkdir()
+        with Mount(mp).start():
+            pid = int(os.getxattr(mp, "user.ckptfs.pid"))
+            mounted = _run(mp, op, pid, base)
+        rows.append({"op": op, "native": native, "ckptfs": mounted})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def _fmt(d: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:g}" for k, v in sorted(d.items(), key=lambda kv: -kv[1]) if v >= 0.005) or "-"
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    lines = ["| operation | native: the application's calls | ckptfs: the application's calls | FUSE requests "
+             "(total, by opcode) | the daemon's calls |", "|---|---|---|---|---|"]
+    for r in rows:
+        m = r["ckptfs"]
+        lines.append(f"| {r['op']} | {_fmt(r['native']['app'])} | {_fmt(m['app'])} | {m['fuse_total']:.1f}: "
+                     f"{_fmt(m['fuse'])} | {_fmt(m['daemon'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dir", help="scratch directory (default: a temporary one)")
+    ap.add_argument("--json", help="write the rows here")
+    a = ap.parse_args()
+    if shutil.which("strace") is None:
+        sys.exit("bench.ledger: strace is needed (apt-get install strace)")
+    base = Path(tempfile.mkdtemp(prefix="ckptfs-ledger-", dir=a.dir))
+    try:
+        rows = measure(base)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1))
+    print(markdown(rows))
+
+
+if __name__ == "__main__":
+    main()
