@@ -1758,7 +1758,7 @@ class CkptFS:
             if on_disk and not is_dir and new in self.records and old in self.records:
                 # a committed file replaced by a rename (safetensors' and DCP's tmp + rename): its
                 # version is kept as a generation, as an overwrite's is (rollback, G11)
-                keep = self.integrity.keep_plan(new, self.records[new])
+                keep = self._keep_plan(new, self.records[new])
             if on_disk:
                 dirs = [parent(new), parent(old)]
                 self.grp.note_rename(old, new, caller.pid, is_dir)

@@ -51,6 +51,8 @@ def test_by_default_only_checkpoint_groups_keep_generations_and_gc_reclaims_them
         assert os.getxattr(d, "user.ckptfs.keep_generations") == b"1 (checkpoint groups)"
         for i in range(4):
             (d / "model.pt").write_bytes(bytes([i]) * (1 << 20))
+            (d / "w.safetensors.tmp").write_bytes(bytes([i]) * (1 << 20))  # tmp + rename over it, too
+            os.rename(d / "w.safetensors.tmp", d / "w.safetensors")
         assert json.loads(status(d).stdout)["space"]["generations"] == 0
         (d / "step_100").mkdir()
         for i in range(3):  # a sealed group saved again: its previous files are kept
