@@ -564,6 +564,15 @@ def test_a_save_in_a_temporary_directory_goes_up_once_as_its_group_under_the_fin
 
 
 # ------------------------------------------------------------------ multi-node
+def _dcp_job(tmp_path: Path, world: int, steps: list[int]) -> None:
+    port = free_ports(1)[0]
+    procs = [subprocess.Popen([sys.executable, "-m", "ckptfs_testing.dcp_ranks", "--rank", str(r), "--world",
+                               str(world), "--port", str(port), "--dir", str(tmp_path / f"node{r}"), "--steps",
+                               *map(str, steps)], env=child_env(), stdout=subprocess.DEVNULL)
+             for r in range(world)]
+    assert [p.wait(180) for p in procs] == [0] * world
+
+
 def test_a_dcp_save_over_four_node_mounts_commits_once_and_restores_whole(tmp_path: Path, s3: SeaweedS3,
                                                                          bucket: str) -> None:
     """World size 4 (gloo), rank r writing through mount r (--node-part); each node uploads its
@@ -579,11 +588,7 @@ def test_a_dcp_save_over_four_node_mounts_commits_once_and_restores_whole(tmp_pa
             nd.mkdir()
             mounts.append(mirror_mount(nd, s3, url, "--mirror-node", f"n{r}", "--node-part", "--idle-seal", "1")
                           .start())
-        port = free_ports(1)[0]
-        procs = [subprocess.Popen([sys.executable, "-m", "ckptfs_testing.dcp_ranks", "--rank", str(r), "--world", "4",
-                                   "--port", str(port), "--dir", str(tmp_path / f"node{r}"), "--steps", "1", "2"],
-                                  env=child_env(), stdout=subprocess.DEVNULL) for r in range(4)]
-        assert [p.wait(180) for p in procs] == [0, 0, 0, 0]
+        _dcp_job(tmp_path, 4, [1, 2])
         for r in range(4):
             wait_state(tmp_path / f"node{r}" / "step_2", timeout=60)
         root = [json.loads(os.getxattr(tmp_path / f"node{r}", "user.ckptfs.mirror")) for r in range(4)]
@@ -601,15 +606,6 @@ def test_a_dcp_save_over_four_node_mounts_commits_once_and_restores_whole(tmp_pa
     assert sorted(p.name for p in (out / "step_2").iterdir()) == \
         [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp"]
     assert check_loadable(str(out / "step_2"), 2, 4, 1.0) == ""
-
-
-def _dcp_job(tmp_path: Path, world: int, steps: list[int]) -> None:
-    port = free_ports(1)[0]
-    procs = [subprocess.Popen([sys.executable, "-m", "ckptfs_testing.dcp_ranks", "--rank", str(r), "--world",
-                               str(world), "--port", str(port), "--dir", str(tmp_path / f"node{r}"), "--steps",
-                               *map(str, steps)], env=child_env(), stdout=subprocess.DEVNULL)
-             for r in range(world)]
-    assert [p.wait(180) for p in procs] == [0] * world
 
 
 def test_a_lower_step_saved_after_higher_ones_is_committed_before_any_node_retires_it(
