@@ -26,6 +26,13 @@ T6  A node whose name was renamed over answers as the file it named (the kernel 
     for it whose walk began before the rename).  T7: a kernel-known regular file renamed over keeps
     an open read-only handle (``keeper``, fuse/ops.py) until the kernel forgets the node: an open
     whose lookup came before the rename opens that file, as natively, never ESTALE.
+T8  A request that resolves a node to its path and then asks the core by path (OPEN, GETATTR)
+    gets the file the node named *when the core answered*: a rename (or the hide before it) of
+    the node's name marks the nodes it moves (:meth:`begin_move` .. :meth:`end_move`); such a
+    request waits until none is in progress on its node (:meth:`settled`), and if one began
+    before the core answered (:meth:`unchanged` is false) it asks again.  Without it an open
+    racing a rename over its name opened the *new* file for the old node (its passthrough
+    readers read the old one: ESTALE, and under three writers twice in a row, reaching a reader).
 """
 
 from __future__ import annotations
@@ -53,6 +60,8 @@ class Node:
     replaced: bool = False  # its name was renamed over: the name now names another file (T6)
     gone_attr: dict | None = None  # T6: the attributes of the file it named when it was renamed over
     keeper: int = 0  # T7: a read-only handle of that file, held until the kernel forgets the node
+    moving: int = 0  # T8: renames (or hides) of its name in progress
+    moves: int = 0  # T8: raised at the start and the end of each: an unchanged count means no move
 
 
 def join(parent: str, name: str) -> str:
@@ -76,6 +85,7 @@ class Nodes:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
+        self.moved = threading.Condition(self.lock)  # T8: a move ended
         root = Node(ROOT_ID, "", nlookup=1 << 62)
         self.by_id: dict[int, Node] = {ROOT_ID: root}
         self.by_path: dict[str, Node] = {"": root}
@@ -221,6 +231,36 @@ class Nodes:
                     del self.readers[n.path]  # keeps its path: its handles' requests name it
             elif n.path is not None and self.by_path.get(n.path) is n:
                 self._pop(n.path)
+
+    def begin_move(self, *paths: str) -> list[Node]:
+        """T8: the names ``paths`` (and every name below them) are about to move or be hidden; the
+        nodes they name are marked until :meth:`end_move` of the list returned."""
+        with self.lock:
+            got = [n for p in paths for q in [p, *self._below(p)] if (n := self.by_path.get(q)) is not None]
+            for n in got:
+                n.moving += 1
+                n.moves += 1
+            return got
+
+    def end_move(self, moved: list[Node]) -> None:
+        with self.lock:
+            for n in moved:
+                n.moving -= 1
+                n.moves += 1
+            self.moved.notify_all()
+
+    def settled(self, n: Node, wait: float = 2.0) -> tuple[str | None, int]:
+        """T8: (path, move count) of ``n`` once no move of it is in progress (at most ``wait``
+        seconds: past it the caller goes on, and :meth:`unchanged` says no)."""
+        with self.lock:
+            if n.moving:
+                self.moved.wait_for(lambda: not n.moving, timeout=wait)
+            return n.path, n.moves
+
+    def unchanged(self, n: Node, path: str | None, moves: int) -> bool:
+        """T8: ``n`` still has ``path`` and no move of it began since :meth:`settled` said ``moves``."""
+        with self.lock:
+            return not n.moving and n.moves == moves and n.path == path
 
     def move(self, old: str, new: str) -> None:
         """A rename through the mount: ``old`` and its subtree now live at ``new`` (T3); reader

@@ -180,6 +180,17 @@ class Ops:
         return self.entry(path, st)
 
     def getattr(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
+        if node is None:
+            return self._getattr(node, c, body)
+        for _ in range(8):  # T8: asked again where a rename of the node's name began meanwhile
+            path, moves = self.nodes.settled(node)
+            out = self._getattr(node, c, body)
+            if self.nodes.unchanged(node, path, moves):
+                break
+            self.fs.stats["getattrs_after_a_move"] += 1
+        return out
+
+    def _getattr(self, node: Node | None, c: Caller, body: memoryview) -> Any:
         flags, _, fh = k.GETATTR_IN.unpack_from(body)
         fh_ = fh if flags & k.GETATTR_FH else None
         if node is not None and fh_ is None and (node.path is None or node.reader or node.hidden):
@@ -339,7 +350,11 @@ class Ops:
         path = self.child(node, _name(body))
         n = self.nodes.at(path)
         if n is not None and n.opens > 0:
-            self._hide(path, n, c, "unlink")
+            moved = self.nodes.begin_move(path)  # T8: an open racing it finds the hidden name
+            try:
+                self._hide(path, n, c, "unlink")
+            finally:
+                self.nodes.end_move(moved)
         else:
             self.fs.unlink(path, c)
             self.nodes.unmap(path)
@@ -358,6 +373,7 @@ class Ops:
         old = self.child(node, oldname)
         new = self.child(self.nodes.get(newdir), newname)
         self.pages.forget(old, new)
+        moved = self.nodes.begin_move(old, new)  # T8: opens and getattrs of these nodes wait
         try:
             victim, hidden = None, None
             if flags == 0 and old != new:
@@ -389,6 +405,7 @@ class Ops:
             elif old != new:
                 self.nodes.move(old, new)
         finally:
+            self.nodes.end_move(moved)
             self.pages.forget(old, new)
         return b""
 
@@ -453,6 +470,10 @@ class Ops:
         assert node is not None
         pt = self.passthrough
         writes = flags & os.O_ACCMODE != os.O_RDONLY or bool(flags & os.O_TRUNC)  # a new version
+        moves = 0
+        if not writes:
+            settled, moves = self.nodes.settled(node)  # T8
+            path = self.path_of(node) if settled is None else settled
         writer = writes and pt is not None
         if writer:
             # ESTALE here, before the core sees it: nothing to undo (P4, P6)
@@ -461,7 +482,10 @@ class Ops:
         if not writes and self._redirect(node, last, self.fs.isolated(path, c), c):
             raise OSError(errno.ESTALE, "isolated reader: look the name up again (reader node)")
         try:
-            fh = self.fs.open(path, flags, c)
+            if writes:
+                fh = self.fs.open(path, flags, c)
+            else:
+                fh, path = self._open_settled(node, path, moves, flags, c)
             if not writes and self.fs.direct_io(fh) and self._redirect(node, last, self.fs.isolated(path, c), c):
                 # a rewrite began between the check above and the core's open, which isolated
                 # this reader (a direct I/O handle of the committed version): it goes to the reader node
@@ -471,6 +495,28 @@ class Ops:
         finally:
             if writer:
                 pt.writer_done(path)
+
+    def _open_settled(self, node: Node, path: str, moves: int, flags: int, c: Caller) -> tuple[int, str]:
+        """T8: a reader's handle for ``node`` opened at ``path``; where a rename (or hide) of the
+        node's name began before the core answered, opened again at the node's new path (its hidden
+        name after a rename over it: the file the kernel looked up, as natively)."""
+        for attempt in range(8):
+            last = attempt == 7
+            try:
+                fh = self.fs.open(path, flags, c)
+            except OSError:
+                if last or self.nodes.unchanged(node, path, moves):
+                    raise
+            else:
+                if last or self.nodes.unchanged(node, path, moves):
+                    return fh, path
+                self.fs.abandon(fh, c)
+            self.fs.stats["opens_after_a_move"] += 1
+            got, moves = self.nodes.settled(node)
+            if got is None:
+                raise _gone(node)
+            path = got
+        raise AssertionError("unreachable")
 
     def _last_redirect(self, c: Caller) -> int | None:
         """The node the last open of thread ``c.pid`` was redirected from, if that was its last
