@@ -651,17 +651,28 @@ def test_a_lower_step_saved_after_higher_ones_is_committed_before_any_node_retir
     assert check_loadable(str(out / "step_1"), 1, 2, 1.0) == ""
 
 
-def test_a_node_part_alone_never_publishes_a_commit(tmp_path: Path, s3: SeaweedS3, bucket: str) -> None:
-    """M3: rank 1's node seals and uploads its shard; without rank 0's .metadata no COMMIT exists."""
+@pytest.mark.parametrize("sealed_by", ["idle", "next-save"])
+def test_a_node_part_alone_never_publishes_a_commit(tmp_path: Path, s3: SeaweedS3, bucket: str,
+                                                    sealed_by: str) -> None:
+    """M3: rank 1's node seals and uploads its shard; without rank 0's .metadata no COMMIT exists.
+    Sealed on idle, or because its writer began the next save (``mkdir step_4``): that seal too is
+    inferred, not a completion record; its part said ``completes`` and, with another node's part,
+    published a COMMIT of 2 of step_1's 5 files (the four-node DCP test, about 1 run in 4)."""
     d = tmp_path / "node1"
     (d / "step_3").mkdir(parents=True)
     url = f"s3://{bucket}/job"
-    with mirror_mount(d, s3, url, "--mirror-node", "n1", "--node-part", "--idle-seal", "1"):
+    idle = "1" if sealed_by == "idle" else "60"
+    with mirror_mount(d, s3, url, "--mirror-node", "n1", "--node-part", "--idle-seal", idle):
         (d / "step_3" / "__1_0.distcp").write_bytes(os.urandom(MiB))
+        if sealed_by == "next-save":
+            (d / "step_4").mkdir()
+            (d / "step_4" / "__1_0.distcp").write_bytes(os.urandom(MiB))
         wait_state(d / "step_3", "waiting for other nodes", timeout=30)
     ks = keys(s3, bucket)
     assert "job/step_3/__1_0.distcp" in ks and "job/step_3/.ckptfs/parts/n1.json" in ks
     assert not [k for k in ks if k.endswith("COMMIT") or k.endswith("MANIFEST")], ks
+    part = json.loads(s3.client().get_object(Bucket=bucket, Key="job/step_3/.ckptfs/parts/n1.json")["Body"].read())
+    assert part["completes"] is False, part
 
 
 def test_a_node_part_left_open_by_a_daemon_crash_is_sealed_at_recovery_and_uploaded(tmp_path: Path, s3: SeaweedS3,

@@ -61,6 +61,7 @@ from ckptfs.engine.replay import apply_group_entry
 from ckptfs.engine.rollback import apply_rollback, apply_rollback_state, make_durable, rollback_plan
 from ckptfs.engine.seals import (
     CORRUPT,
+    NEXT_SAVE_EVENT,
     OPEN,
     QUARANTINE,
     SEALED,
@@ -410,7 +411,7 @@ class GroupEngine:
         for s in sibs:
             if (self._rule_of(s).idle_seal and not self._expects_marker(s) and self._has_files(s)
                     and not self._interrupted(s)):
-                self.seal_group(s, f"its writer began the next save ({os.path.basename(path)})", tgid)
+                self.seal_group(s, f"{NEXT_SAVE_EVENT} ({os.path.basename(path)})", tgid)
 
     def _judge_tentative(self, g: GroupState) -> bool:
         """A tentative group whose maker may be gone: tear it (True) or release it.  Caller holds no

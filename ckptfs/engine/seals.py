@@ -44,6 +44,20 @@ MANIFEST_FORMAT = 1
 OPEN, SEALED, TORN, CORRUPT, TRASHED = "open", "sealed", "torn", "corrupt", "trashed"
 
 
+# Seal events that infer the end of a save from silence, not from a completion record the writer
+# made (a marker, a pointer, a DCP .metadata): the idle timeout, an unmount while idle, a loop's
+# next save (GroupEngine._seal_finished_siblings).  A node-local part of a multi-node group sealed
+# by one of them never completes the group remotely (mirror M3): another node's shards may still be
+# on their way.
+NEXT_SAVE_EVENT = "its writer began the next save"
+INFERRED_SEAL_EVENTS = ("idle", "unmount (idle)", NEXT_SAVE_EVENT)
+
+
+def inferred_seal(event: str) -> bool:
+    """Whether seal ``event`` (a manifest's ``lineage.event``) was inferred, not recorded."""
+    return event.startswith(INFERRED_SEAL_EVENTS)
+
+
 def new_group_id() -> str:
     return uuid.uuid4().hex
 

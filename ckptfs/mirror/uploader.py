@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import blake3
 
 from ckptfs import crashpoints, events
-from ckptfs.engine.seals import OPEN, SEALED, SealError, read_seal
+from ckptfs.engine.seals import OPEN, SEALED, SealError, inferred_seal, read_seal
 from ckptfs.layout import is_meta, parent
 from ckptfs.mirror import protocol as P
 from ckptfs.mirror.journal import LOOSE, UploadState, forget, loose_states
@@ -430,7 +430,7 @@ class Mirror:
         crashpoints.hit("mirror_files_done")
         entries = {rel: P.file_entry(files[rel], done[rel]["checksum"]) for rel in files}
         event = str(manifest.get("lineage", {}).get("event", ""))
-        completes = not self.node_part or not (event.startswith("idle") or event.startswith("unmount (idle)"))
+        completes = not self.node_part or not inferred_seal(event)  # M3
         part = P.build_part(path, self.node, entries, completes, g.id, digest, g.step)
         self.remote.put(P.part_key(path, self.node), part)
         crashpoints.hit("mirror_part_put")
