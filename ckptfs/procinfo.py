@@ -58,6 +58,22 @@ def killing_signal(pid: int) -> int | None:
     return None
 
 
+def failing_exit(pid: int) -> int | None:
+    """The exit status if ``pid`` is exiting normally with a non-zero status (``exit(1)``,
+    ``os._exit(2)``: its files still open are being closed by the kernel), else None.  A process
+    that closes its files itself never gets here (Python's interpreter shutdown closes them first).
+    macOS: None (not known there; a signal still is, ``killing_signal``)."""
+    if pid <= 0 or sys.platform == "darwin":
+        return None
+    try:
+        flags, exit_code = parse_stat(_read_proc(pid, "stat"))
+    except (OSError, ValueError, IndexError):
+        return None
+    if flags & PF_EXITING and exit_code and not exit_code & 0x7F and exit_code >> 8:
+        return exit_code >> 8
+    return None
+
+
 def tgid(pid: int) -> int:
     """The process (thread group) id of thread ``pid``; ``pid`` itself if unknown.
 

@@ -56,8 +56,9 @@ class Mount:
 
     def __init__(self, path: Path, backing: Path | None = None, commit: str = "sync",
                  env: dict[str, str] | None = None, extra_args: list[str] | None = None,
-                 stop_timeout: float = 60.0) -> None:
+                 stop_timeout: float = 60.0, variant: str | None = None) -> None:
         self.path = Path(path)
+        self.variant = variant  # a known-bad rule variant (ckptfs_testing/variant.py), None: ckptfs as is
         self.backing = Path(backing) if backing is not None else self.path
         self.commit = commit
         self.env = env
@@ -69,8 +70,8 @@ class Mount:
     # ------------------------------------------------------------------ life cycle
     def start(self, timeout: float = 20.0) -> Mount:
         """Start the daemon; return once it answers on the mount (its ``user.ckptfs.pid`` xattr)."""
-        argv = [sys.executable, "-m", "ckptfs", "mount", "-f", str(self.path), "--commit", self.commit,
-                *self.extra_args]
+        prog = ["-m", "ckptfs"] if self.variant is None else ["-m", "ckptfs_testing.variant", self.variant]
+        argv = [sys.executable, *prog, "mount", "-f", str(self.path), "--commit", self.commit, *self.extra_args]
         if self.backing != self.path:
             argv += ["--backing", str(self.backing)]
         self._close_err()
