@@ -49,3 +49,27 @@ def run_py(code: str, cwd: Path | None = None, timeout: float = 120, check: bool
     if check and r.returncode != 0:
         raise AssertionError(f"python failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
     return r
+
+
+@pytest.fixture(scope="session")
+def users():
+    """Two real unprivileged accounts, made with ``useradd`` for this run and removed after it
+    (issue 26: attacks and mounts as users, not only as root).  [(name, uid, gid), ...]"""
+    import os
+    import pwd
+
+    made, out = [], []
+    for name in (f"ckptfs-a{os.getpid() % 10000}", f"ckptfs-b{os.getpid() % 10000}"):
+        try:
+            pw = pwd.getpwnam(name)
+        except KeyError:
+            subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", "--user-group", name],
+                           check=True, capture_output=True)
+            made.append(name)
+            pw = pwd.getpwnam(name)
+        out.append((name, pw.pw_uid, pw.pw_gid))
+    try:
+        yield out
+    finally:
+        for name in made:
+            subprocess.run(["userdel", name], capture_output=True)

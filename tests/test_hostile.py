@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -197,13 +198,14 @@ with open(os.path.join(g, "trainer_state.json"), "w") as f:
 """
 
 
-def test_retention_and_sibling_rules_stay_within_one_owner(tmp_path: Path) -> None:
+def test_retention_and_sibling_rules_stay_within_one_owner(tmp_path: Path, users: list) -> None:
     """Issue 26: in a shared sticky directory with ``--keep-last 1``, user B's checkpoint-1000 retired
     user A's checkpoint-1 (natively the sticky bit forbids B to touch it).  Retention counts each
     owner's groups on their own; and the one sealed last is always kept (issue 25)."""
     with _reachable_dir("ckptfs-owners-", "shared", 0o1777) as d:
         with Mount(d, extra_args=["--allow-other", "--keep-last", "1"]).start():
-            for uid, step in ((65534, 1), (65533, 1000), (65534, 2), (65533, 1001)):
+            (_, a, _), (_, b, _) = users
+            for uid, step in ((a, 1), (b, 1000), (a, 2), (b, 1001)):
                 r = subprocess.run([sys.executable, "-c", SAVE_AS, str(uid), str(d), str(step)], env=_env(),
                                    capture_output=True, text=True, timeout=120)
                 assert r.returncode == 0, r.stderr
@@ -274,12 +276,13 @@ import os, sys
 import ckptfs.cli.parser, ckptfs.cli.integrity, ckptfs.cli.groups, ckptfs.integrity.verify  # before setuid
 import ckptfs.cli.common, ckptfs.mounts, ckptfs.api, ckptfs.offline, ckptfs.log.metadata, ckptfs.xattrs
 from ckptfs.cli import main
-os.setgroups([]); os.setgid(65534); os.setuid(65534)
+uid, gid = int(sys.argv[2]), int(sys.argv[3])
+os.setgroups([]); os.setgid(gid); os.setuid(uid)
 sys.exit(main(["verify", sys.argv[1]]))
 """
 
 
-def test_verify_by_another_user_never_cries_corrupt(tmp_path: Path) -> None:
+def test_verify_by_another_user_never_cries_corrupt(tmp_path: Path, users: list) -> None:
     """Issue 26: ``verify`` by a user who may read but not verify (a daemon-side check needs write
     access to the file's status) reported intact files as "CORRUPT ... Permission denied", exit 1.
     Now: "not verified: permission denied", exit 2, and no file called corrupt."""
@@ -287,8 +290,9 @@ def test_verify_by_another_user_never_cries_corrupt(tmp_path: Path) -> None:
         with Mount(d, extra_args=["--allow-other"]).start():
             (d / "model.pt").write_bytes(b"\0" * 100)
             os.chmod(d / "model.pt", 0o644)
-            r = subprocess.run([sys.executable, "-c", AS_USER_VERIFY, str(d)], capture_output=True, text=True,
-                               env=_env(), timeout=120)
+            _, uid, gid = users[0]
+            r = subprocess.run([sys.executable, "-c", AS_USER_VERIFY, str(d), str(uid), str(gid)],
+                               capture_output=True, text=True, env=_env(), timeout=120)
             assert r.returncode == 2, (r.stdout, r.stderr)
             assert "corrupt" not in r.stderr.lower().replace("0 corrupt", ""), r.stderr
             assert "permission denied" in r.stderr and "Traceback" not in r.stderr, r.stderr
@@ -340,19 +344,104 @@ def test_a_snapshot_that_is_a_directory_is_a_clear_error(tmp_path: Path) -> None
 AS_USER_SCRUB = AS_USER_VERIFY.replace('main(["verify", sys.argv[1]])', 'main(["scrub", "--wait", sys.argv[1]])')
 
 
-def test_scrub_by_another_user_is_one_line_refusal(tmp_path: Path) -> None:
+def test_scrub_by_another_user_is_one_line_refusal(tmp_path: Path, users: list) -> None:
     """Issue 26: ``scrub`` by a user who is not the mount's owner ended in a traceback (ENODATA from
     the root's status attribute, or EACCES reading ``.ckptfs/`` unmounted).  Now one line, exit 2,
     mounted and unmounted; the owner's scrub still runs."""
     with _reachable_dir("ckptfs-scrub-", "m", 0o755) as d:
         with Mount(d, extra_args=["--allow-other"]).start():
             (d / "model.pt").write_bytes(b"\0" * 100)
-            r = subprocess.run([sys.executable, "-c", AS_USER_SCRUB, str(d)], capture_output=True, text=True,
-                               env=_env(), timeout=120)
+            as_user = [str(users[1][1]), str(users[1][2])]
+            r = subprocess.run([sys.executable, "-c", AS_USER_SCRUB, str(d), *as_user], capture_output=True,
+                               text=True, env=_env(), timeout=120)
             assert r.returncode == 2 and "scrub refused: permission denied" in r.stderr, (r.stdout, r.stderr)
             assert "Traceback" not in r.stderr, r.stderr
             r = ckptfs("scrub", "--wait", str(d))
             assert r.returncode == 0 and json.loads(r.stdout)["files"] >= 1, r.stdout + r.stderr
-        r = subprocess.run([sys.executable, "-c", AS_USER_SCRUB, str(d)], capture_output=True, text=True,
-                           env=_env(), timeout=120)
+        r = subprocess.run([sys.executable, "-c", AS_USER_SCRUB, str(d), *as_user], capture_output=True,
+                           text=True, env=_env(), timeout=120)
         assert r.returncode == 2 and "permission denied" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+MOUNT_AS_USER = r"""
+import importlib, os, pkgutil, sys
+import ckptfs
+for m in pkgutil.walk_packages(ckptfs.__path__, "ckptfs."):  # every module, before the checkout may be unreadable
+    if "darwin" not in m.name and not m.name.endswith("__main__"):
+        importlib.import_module(m.name)
+uid, gid, target = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+os.setgroups([]); os.setgid(gid); os.setuid(uid)
+from ckptfs.cli import main
+sys.exit(main(["mount", "-f", target]))
+"""
+
+AS_USER_RUN = r"""
+import os, sys
+uid, gid = int(sys.argv[1]), int(sys.argv[2])
+os.setgroups([]); os.setgid(gid); os.setuid(uid)
+os.execvp(sys.argv[3], sys.argv[3:])
+"""
+
+
+def test_a_user_mounts_for_real_through_fusermount3(users: list) -> None:
+    """Issue 26: a real account (``useradd``), not root, mounts its own directory.  Where
+    ``/dev/fuse`` is 0600 (this machine's default) the setuid ``fusermount3`` cannot open it either
+    (it opens the device as the user): one line naming the device and what to do, exit 2 (it was a
+    traceback).  With the device 0666 (Debian's udev default; set for this test and restored),
+    ``fusermount3`` opens it and passes the fd back: the user saves, reads and unmounts, and the
+    file is plain and whole after."""
+    from ckptfs.mounts import read_mountinfo
+
+    name, uid, gid = users[0]
+
+    def as_user(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", AS_USER_RUN, str(uid), str(gid), *argv], capture_output=True,
+                              text=True, env=_env(), timeout=120)
+
+    def mounted(d: Path) -> bool:
+        return bool([m for m in read_mountinfo() if m.mountpoint == str(d) and m.fstype == "fuse.ckptfs"])
+
+    mode = stat.S_IMODE(os.stat("/dev/fuse").st_mode)
+    with _reachable_dir("ckptfs-usermount-", "ckpts", 0o700) as d:
+        os.chown(d, uid, gid)
+        try:
+            os.chmod("/dev/fuse", 0o600)
+            r = subprocess.run([sys.executable, "-c", MOUNT_AS_USER, str(uid), str(gid), str(d)], env=_env(),
+                               capture_output=True, text=True, timeout=120)
+            assert r.returncode == 2 and "/dev/fuse" in r.stderr and "0666" in r.stderr, r.stderr
+            assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+            assert not mounted(d)
+            os.chmod("/dev/fuse", 0o666)
+            p = subprocess.Popen([sys.executable, "-c", MOUNT_AS_USER, str(uid), str(gid), str(d)], env=_env(),
+                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
+            try:
+                deadline = time.monotonic() + 30
+                while not mounted(d):
+                    assert p.poll() is None, p.stderr.read() if p.stderr else ""
+                    assert time.monotonic() < deadline, "no mount"
+                    time.sleep(0.05)
+                m = [m for m in read_mountinfo() if m.mountpoint == str(d)][0]
+                assert f"user_id={uid}" in m.super_options, m
+                data = os.urandom(20000).hex()
+                # (the user's own tools: this Python may live where the user cannot read)
+                r = as_user("sh", "-c", 'printf %s "$2" > "$1"', "sh", str(d / "model.json"), f'"{data}"')
+                assert r.returncode == 0, r.stderr
+                r = as_user("getfattr", "--only-values", "-n", "user.ckptfs.pid", str(d))
+                assert r.returncode == 0 and int(r.stdout) == p.pid, r.stdout + r.stderr
+                r = as_user("cat", str(d / "model.json"))
+                assert r.returncode == 0 and r.stdout == f'"{data}"', r.stderr
+                r = as_user("fusermount3", "-u", str(d))
+                assert r.returncode == 0, r.stderr
+                assert p.wait(60) == 0, p.stderr.read() if p.stderr else ""
+            finally:
+                if p.poll() is None:
+                    subprocess.run(["umount", "-l", str(d)], capture_output=True)
+                    p.kill()
+                    p.wait()
+        finally:
+            os.chmod("/dev/fuse", mode)
+        assert not mounted(d)
+        assert (d / "model.json").read_text() == f'"{data}"'
+        st = (d / "model.json").stat()
+        assert (st.st_uid, st.st_gid) == (uid, gid)
+        assert (d / META_DIR).stat().st_uid == uid  # the daemon's own uid: the user's

@@ -203,6 +203,12 @@ def run_foreground(a: argparse.Namespace, d: str, backing: str) -> int:
     from ckptfs.fuse.adapter import serve
     from ckptfs.log.journal import CorruptMetadata
 
+    try:
+        from ckptfs.fuse.session import NativeUnavailable
+    except ImportError:  # (a platform without the native transport: nothing raises it)
+        class NativeUnavailable(Exception):  # type: ignore[no-redef]
+            pass
+
     store = OsBackingStore(backing)
     try:
         setup_logging(store, a.debug)
@@ -233,12 +239,25 @@ def run_foreground(a: argparse.Namespace, d: str, backing: str) -> int:
         ready_fd = os.environ.pop("CKPTFS_READY_FD", None)
         if ready_fd:
             _signal_ready_when_mounted(d, int(ready_fd))
-        serve(fs, d, allow_other=a.allow_other, debug=a.debug, transport=a.transport,
-              cache_timeout=a.cache_timeout, passthrough=not a.no_passthrough)
+        try:
+            serve(fs, d, allow_other=a.allow_other, debug=a.debug, transport=a.transport,
+                  cache_timeout=a.cache_timeout, passthrough=not a.no_passthrough)
+        except NativeUnavailable as e:
+            fs.shutdown()
+            raise CliError(f"cannot mount {d}: {e}{_device_hint()}", 2) from None
         log.info("unmounted %s", d)
     finally:
         store.shutdown()
     return 0
+
+
+def _device_hint() -> str:
+    """What to do where this user may not open ``/dev/fuse`` (fusermount3 opens it as the user)."""
+    dev = os.environ.get("CKPTFS_DEV_FUSE", "/dev/fuse")
+    if os.geteuid() == 0 or os.access(dev, os.R_OK | os.W_OK):
+        return ""
+    return (f" ({dev} is mode {stat.S_IMODE(os.stat(dev).st_mode):o}: uid {os.geteuid()} may not open it, "
+            "and fusermount3 opens it as the user; make it 0666, as udev does on Debian, or mount as root)")
 
 
 def load_rules(store: OsBackingStore, a: argparse.Namespace):
