@@ -136,6 +136,10 @@ DEFAULT_RULES: tuple[Rule, ...] = (
          idle_seal=True),
 )
 
+# Temporary files a save writes before renaming them into place (the already-atomic writer's
+# ``model.bin.tmp``, safetensors' ``.tmpXXXX``, ``x.part``): a step directory holding only these
+# holds no checkpoint yet (GroupEngine._judge_tentative).
+TEMP_FILE_RE = re.compile(r".+\.(?:tmp|temp|part|partial)\w*|\.tmp\w*|tmp\w*")
 # Names that must never make a group (temporary names a directory is renamed from).
 TMP_DIR_RE = re.compile(r".*\.orbax-checkpoint-tmp-\d+|tmp-checkpoint-\d+")
 

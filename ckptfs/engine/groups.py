@@ -86,7 +86,15 @@ from ckptfs.layout import (
     parent,
     rmtree,
 )
-from ckptfs.rules import CHECKPOINT_FILES, SIGNATURE_DEPTH, TMP_DIR_RE, Rule, parent_and_base, step_of
+from ckptfs.rules import (
+    CHECKPOINT_FILES,
+    SIGNATURE_DEPTH,
+    TEMP_FILE_RE,
+    TMP_DIR_RE,
+    Rule,
+    parent_and_base,
+    step_of,
+)
 
 if TYPE_CHECKING:
     from ckptfs.backing import BackingStore
@@ -419,7 +427,7 @@ class GroupEngine:
         if any(procinfo.is_alive(p) for p in g.pids) or self.children_pending(g.path):
             return False
         try:
-            empty = not self.store.listdir(g.path)
+            empty = self._no_checkpoint_yet(g.path)
         except OSError:
             empty = False
         why = ""
@@ -439,13 +447,19 @@ class GroupEngine:
             if self.groups.get(g.path) is not g or g.state != OPEN or not g.tentative:
                 return False
             try:
-                if self.store.listdir(g.path) or self.children_pending(g.path):
+                if not self._no_checkpoint_yet(g.path) or self.children_pending(g.path):
                     return False  # something arrived meanwhile (a file being written counts)
             except OSError:
                 return False
             g.reason, g.tentative = f"writer killed: {why}", False
             self._tear(g, g.reason)
         return True
+
+    def _no_checkpoint_yet(self, d: str) -> bool:
+        """Whether directory ``d`` is empty or holds only temporary files (``TEMP_FILE_RE``: the
+        already-atomic writer's ``model.bin.tmp`` killed before its rename; natively, and before
+        this rule, a directory with a partial temporary and no checkpoint stayed listed)."""
+        return all(TEMP_FILE_RE.fullmatch(n) for n in self.store.listdir(d))
 
     # -------------------------------------------------------------- sealing
     def seal_group(self, g: GroupState, event: str, pid: int = 0) -> bool:
@@ -875,6 +889,11 @@ class GroupEngine:
         sibling is sealed, and undone if none is.  Caller holds commit_lock."""
         to = f"{TRASH}/{g.id}"
         if g.state != TRASHED:
+            if pid:
+                # a writer deleting an older checkpoint (rotation, after its save returned) is done
+                # with the groups it wrote: a later kill says nothing about them (issue 25: a loop
+                # killed after ``shutil.rmtree`` of an old ckpt_N hid the save it had just finished)
+                self._moved_on(path, procinfo.tgid(pid))
             self.journal.append({"op": "group_trash", "path": g.path, "to": to}, sync=False)
             g.state, g.moved_to = TRASHED, to
             g.pids = [procinfo.tgid(pid)] if pid else []

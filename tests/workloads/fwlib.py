@@ -81,6 +81,7 @@ class Ledger:
 
     def append(self, **rec: Any) -> None:
         rec.setdefault("t", time.monotonic())
+        rec.setdefault("wall", time.time())  # (a torn group's created_at is wall time: which attempt it was)
         os.write(self.fd, (json.dumps(rec, sort_keys=True) + "\n").encode())
         os.fsync(self.fd)
 
@@ -139,7 +140,10 @@ def serve(jobs: dict[str, Job]) -> None:
             sys.stderr.flush()
             pid = os.fork()
             if pid == 0:
-                os.setpgid(0, 0)
+                if args.get("own_session"):
+                    os.setsid()  # a job of its own, as a scheduler's restart is (its own process group too)
+                else:
+                    os.setpgid(0, 0)
                 os.dup2(2, 1)  # the job's prints must not reach the protocol channel
                 code = 0
                 try:
