@@ -165,8 +165,9 @@ def main() -> int:
     top = Path(tempfile.mkdtemp(prefix="ckptfs-demo."))
     mnt = top / "ckpts"
     mnt.mkdir()
-    mounted = False
+    mounted = started = False
     try:
+        started = True
         ckptfs("mount", str(mnt))
         mounted = True
         say(f"(a temporary directory: {top}; ckptfs mounted over {mnt.name}/)")
@@ -181,6 +182,14 @@ def main() -> int:
         say("\ndemo: interrupted; cleaning up")
         return 130
     finally:
+        if started and not mounted:
+            # interrupted while ``ckptfs mount`` was starting its daemon (its own session): the
+            # launcher stops it, unless it was killed first; then the daemon may still mount
+            for _ in range(50):
+                if os.path.ismount(mnt):
+                    mounted = True
+                    break
+                time.sleep(0.1)
         if mounted:
             r = ckptfs("umount", str(mnt), check=False)
             if r.returncode != 0:

@@ -248,3 +248,38 @@ def test_output_cut_short_by_the_reader_is_no_traceback(tmp_path) -> None:
         r = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, env=_env(), timeout=60)
         assert "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr
         assert r.stderr.strip().endswith("rc=141"), r.stderr
+
+
+@pytest.mark.parametrize("after", [0.15, 0.4, 0.8])
+def test_ctrl_c_while_mount_starts_leaves_no_mount(tmp_path, after: float) -> None:  # noqa: ANN001
+    """``ckptfs mount DIR`` interrupted while its daemon (its own session) starts: the daemon went
+    on and mounted after the command had gone (the demo's Ctrl-C test left a mount behind under
+    load).  Now the command stops its daemon by PID: no mount, no daemon, whenever the Ctrl-C lands."""
+    import time
+
+    from ckptfs.mounts import read_mountinfo
+
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    p = subprocess.Popen([sys.executable, "-m", "ckptfs", "mount", str(d)], env=_env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    time.sleep(after)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    time.sleep(2.0)  # a daemon that went on would have mounted by now
+    mounted = [m for m in read_mountinfo() if m.mountpoint == str(d)]
+    if mounted and "mounted" in out:  # the Ctrl-C came after the mount was ready: the command had succeeded
+        subprocess.run([sys.executable, "-m", "ckptfs", "umount", str(d)], env=_env(), check=True)
+        return
+    assert not mounted, (out, err)
+    daemons = [q for q in os.listdir("/proc") if q.isdigit() and pid_alive(int(q))
+               and str(d).encode() in _cmdline(int(q)) and b"-f" in _cmdline(int(q)).split(b"\0")]
+    assert not daemons, daemons
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""

@@ -184,8 +184,15 @@ def spawn_daemon(a: argparse.Namespace, d: str) -> int:
     proc = subprocess.Popen(argv, env=env, pass_fds=(wfd,), stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     os.close(wfd)
-    with os.fdopen(rfd) as r:
-        ready = r.read()
+    try:
+        with os.fdopen(rfd) as r:
+            ready = r.read()
+    except BaseException:
+        # Ctrl-C while the daemon starts: it runs in its own session, so nothing else stops it,
+        # and it mounted after this command had gone (the demo's Ctrl-C test left a mount behind
+        # under load).  Stop it by its PID: SIGTERM unmounts what it mounted
+        _stop_starting_daemon(proc, d)
+        raise
     if ready.startswith("ready"):
         assert proc.stderr is not None
         proc.stderr.close()
@@ -196,6 +203,23 @@ def spawn_daemon(a: argparse.Namespace, d: str) -> int:
     lines = [ln for ln in err.strip().splitlines() if ln.strip()]
     raise CliError(lines[-1].removeprefix("ckptfs: error: ") if lines else "daemon exited during start",
                    rc if rc > 0 else 1)
+
+
+def _stop_starting_daemon(proc: subprocess.Popen, d: str) -> None:
+    """The daemon this command started, interrupted before it said ready: SIGTERM (its handler
+    unmounts once it has mounted), then SIGKILL and a lazy unmount if it lingers."""
+    import signal
+
+    try:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    except OSError:
+        pass
+    if is_ckptfs_mount(d):
+        fusermount(d, lazy=True)
 
 
 def run_foreground(a: argparse.Namespace, d: str, backing: str) -> int:
