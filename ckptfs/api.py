@@ -117,8 +117,8 @@ def latest(directory: str | os.PathLike[str]) -> str | None:
     sealed = [g for g in _groups_in(root, rel, mounted) if g.get("state") == SEALED]
     if sealed:
         return os.path.join(root, max(sealed, key=_order)["path"])
-    best: tuple[float, str] | None = None
     if mounted:
+        newest: tuple[float, int, str] | None = None
         for e in os.scandir(d):
             if not e.is_file(follow_symlinks=False) or not resumable_file(e.name):
                 continue
@@ -127,15 +127,18 @@ def latest(directory: str | os.PathLike[str]) -> str | None:
             except OSError:
                 continue
             if a.get(X_STATUS) == "committed":
-                # the xattr says the second (ISO 8601, UTC); within one, the later write wins
-                t = _epoch(a.get(PREFIX + "committed_at")) + (e.stat(follow_symlinks=False).st_mtime_ns % 10**9) / 1e9
-                if best is None or (t, e.path) > best:
-                    best = (t, e.path)
-    else:
-        for p, rec in offline.state(root).files.items():
-            if (parent(p) == rel and resumable_file(os.path.basename(p))
-                    and (best is None or (rec.committed_at, p) > best)):
-                best = (rec.committed_at, os.path.join(root, p))
+                # the xattr says the second (ISO 8601, UTC); within one, the later write wins.  (Its
+                # mtime's fraction added to the commit second put a file written at x.995 and
+                # committed at x+1.003 after one written and committed at x+1.05: test_api, under load)
+                key = (_epoch(a.get(PREFIX + "committed_at")), e.stat(follow_symlinks=False).st_mtime_ns, e.path)
+                if newest is None or key > newest:
+                    newest = key
+        return newest[2] if newest else None
+    best: tuple[float, str] | None = None
+    for p, rec in offline.state(root).files.items():
+        if (parent(p) == rel and resumable_file(os.path.basename(p))
+                and (best is None or (rec.committed_at, p) > best)):
+            best = (rec.committed_at, os.path.join(root, p))
     return best[1] if best else None
 
 

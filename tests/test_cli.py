@@ -262,13 +262,15 @@ def test_ctrl_c_while_mount_starts_leaves_no_mount(tmp_path, after: float) -> No
     d = tmp_path / "ckpts"
     d.mkdir()
     p = subprocess.Popen([sys.executable, "-m", "ckptfs", "mount", str(d)], env=_env(), stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True,  # (SIGINT not ignored, as in a terminal)
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(after)
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=60)
     time.sleep(2.0)  # a daemon that went on would have mounted by now
     mounted = [m for m in read_mountinfo() if m.mountpoint == str(d)]
     if mounted and "mounted" in out:  # the Ctrl-C came after the mount was ready: the command had succeeded
+        assert after >= 0.4, (after, out)  # (at 0.15 s the daemon cannot have started yet)
         subprocess.run([sys.executable, "-m", "ckptfs", "umount", str(d)], env=_env(), check=True)
         return
     assert not mounted, (out, err)

@@ -38,8 +38,10 @@ def test_the_demo_shows_a_torn_plain_file_and_an_intact_ckptfs_one() -> None:
 
 
 def test_ctrl_c_leaves_no_mount_and_no_files() -> None:
+    # (SIGINT as a terminal gives it: a test run started in the background, ``cmd &``, inherits
+    # SIGINT ignored, and the demo would then never see the Ctrl-C)
     p = subprocess.Popen(["bash", str(ROOT / "scripts" / "demo")], stdout=subprocess.PIPE, text=True,
-                         start_new_session=True)
+                         start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert p.stdout is not None
         first = p.stdout.readline()
