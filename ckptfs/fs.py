@@ -226,8 +226,8 @@ class CkptFS:
         # store need not see every byte; writers only if CKPTFS_WRITE_PASSTHROUGH is not 0 (W1)
         self.bypass_ok = bool(getattr(store, "bypassable", False))
         self.write_passthrough = self.bypass_ok and os.environ.get("CKPTFS_WRITE_PASSTHROUGH", "1") != "0"
-        self.killing_signal = procinfo.killing_signal  # is a closing process dying? (a seam for the model checker)
-        self.failing_exit = procinfo.failing_exit  # ... or exiting with a non-zero status, its files still open?
+        # is a closing process dying (signal), or exiting non-zero with its files open? (a seam for the model checker)
+        self.exit_state = procinfo.exit_state
         # checkpoint paths an O_TRUNC rewrite is about to start at -> the processes (tgids) starting them
         self.arriving: dict[str, list[int]] = {}
         # verify-on-read, on demand and in the background (integrity/reads.py)
@@ -1314,14 +1314,13 @@ class CkptFS:
             # Nothing written yet and the process still holds the file: its last close commits
             self.stats["flushes_deferred"] += 1
             return
-        sig = self.killing_signal(caller.pid)
+        sig, status = self.exit_state(caller.pid)
         died = f"killed by signal {sig}" if sig else ""
-        if not died and (self.vis.checkpoint_file(v.path) or self.grp.group_of(v.path) is not None):
+        if status and (self.vis.checkpoint_file(v.path) or self.grp.group_of(v.path) is not None):
             # a checkpoint file or a file of a group still open when its process exits non-zero
             # (C's exit(1), os._exit) is closed by the kernel, not by the writer: as a kill, its
             # save was interrupted (a marker begun, then exit 1: it sealed the torn group)
-            status = self.failing_exit(caller.pid)
-            died = f"exiting with status {status}" if status else ""
+            died = f"exiting with status {status}"
         if died and self.vis.keeps_prefix(v, self.store.pread(v.fd, 16, 0)):
             # a log extended by a process that died: its bytes are kept, as natively (V2)
             log.warning("writer pid %d of %s %s: committing the %d bytes it had written "

@@ -37,41 +37,34 @@ def _read_proc(pid: int, name: str) -> str:
         os.close(fd)
 
 
-def killing_signal(pid: int) -> int | None:
-    """Signal number if ``pid`` is exiting because of a signal, else None.
+def exit_state(pid: int) -> tuple[int | None, int | None]:
+    """(signal, status) of ``pid`` if it is exiting, its files still open being closed by the
+    kernel: the signal it dies of, or the non-zero status of a normal exit (``exit(1)``,
+    ``os._exit(2)``); (None, None) for a live process or a zero exit.  One read of /proc per call
+    (it runs on every writer's flush).
 
-    Unknown (no /proc, process already gone) counts as a live close; the
-    format checks are the second line of defence.
-    """
+    Unknown (no /proc, process already gone) counts as a live close; the format checks are the
+    second line of defence.  macOS: the signal only (``darwin.killing_signal``)."""
     if pid <= 0:
-        return None
+        return None, None
     if sys.platform == "darwin":
         from ckptfs import darwin
 
-        return darwin.killing_signal(pid)
+        return darwin.killing_signal(pid), None
     try:
         flags, exit_code = parse_stat(_read_proc(pid, "stat"))
     except (OSError, ValueError, IndexError):
-        return None
-    if flags & PF_EXITING and exit_code is not None and exit_code & 0x7F:
-        return exit_code & 0x7F
-    return None
+        return None, None
+    if not flags & PF_EXITING or not exit_code:
+        return None, None
+    if exit_code & 0x7F:
+        return exit_code & 0x7F, None
+    return None, (exit_code >> 8) or None
 
 
-def failing_exit(pid: int) -> int | None:
-    """The exit status if ``pid`` is exiting normally with a non-zero status (``exit(1)``,
-    ``os._exit(2)``: its files still open are being closed by the kernel), else None.  A process
-    that closes its files itself never gets here (Python's interpreter shutdown closes them first).
-    macOS: None (not known there; a signal still is, ``killing_signal``)."""
-    if pid <= 0 or sys.platform == "darwin":
-        return None
-    try:
-        flags, exit_code = parse_stat(_read_proc(pid, "stat"))
-    except (OSError, ValueError, IndexError):
-        return None
-    if flags & PF_EXITING and exit_code and not exit_code & 0x7F and exit_code >> 8:
-        return exit_code >> 8
-    return None
+def killing_signal(pid: int) -> int | None:
+    """Signal number if ``pid`` is exiting because of a signal, else None (:func:`exit_state`)."""
+    return exit_state(pid)[0]
 
 
 def tgid(pid: int) -> int:

@@ -745,8 +745,8 @@ class Driver:
         self.rec = rec
         self.app = AppOps()
         self.sync = fs.commit_mode == "sync"
-        real = fs.killing_signal
-        fs.killing_signal = lambda pid: signal.SIGKILL if pid == KILLED.pid else real(pid)
+        real = fs.exit_state
+        fs.exit_state = lambda pid: (signal.SIGKILL, None) if pid == KILLED.pid else real(pid)
 
     def _begin(self, op: tuple) -> None:
         self.app.ops.append(op)
