@@ -473,7 +473,9 @@ class Ops:
         moves = 0
         if not writes:
             settled, moves = self.nodes.settled(node)  # T8
-            path = self.path_of(node) if settled is None else settled
+            if settled is None:
+                raise _gone(node)
+            path = settled
         writer = writes and pt is not None
         if writer:
             # ESTALE here, before the core sees it: nothing to undo (P4, P6)

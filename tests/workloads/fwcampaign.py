@@ -258,7 +258,7 @@ class Campaign:
             return frozenset(self.forgiven)
         if not self.fw.may_hide:
             return frozenset()
-        return frozenset(int(m.group(1)) for m in (re.search(r"(\d+)$", p) for p in self.torn_good()) if m)
+        return frozenset(g["step"] for g in self.torn_good())
 
     def recs(self) -> list[dict]:
         return fwlib.Ledger.read(str(self.ledger))
@@ -335,10 +335,10 @@ class Campaign:
             p = max(cands, key=lambda q: q.stat().st_mtime)
             shutil.rmtree(p) if p.is_dir() else p.unlink()
 
-    def torn_good(self) -> list[str]:
-        """Groups ckptfs made torn although the save they held had returned (ledger ``end``): a
-        good group hidden.  The attempt a torn group held is the newest ``begin`` of its step before
-        the group was created (wall clock)."""
+    def torn_good(self) -> list[dict]:
+        """Groups (their ``ckptfs ls`` rows) ckptfs made torn although the save they held had
+        returned (ledger ``end``): a good group hidden.  The attempt a torn group held is the newest
+        ``begin`` of its step before the group was created (wall clock)."""
         if self.mount is None or not self.dir.exists():
             return []
         r = subprocess.run([sys.executable, "-m", "ckptfs", "ls", str(self.dir), "--all", "--json"],
@@ -357,7 +357,7 @@ class Campaign:
             k = begins[-1]
             nxt = next((x for x in recs[k + 1:] if x.get("step") == g["step"] and x["ev"] in ("begin", "end")), None)
             if nxt is not None and nxt["ev"] == "end":
-                out.append(g["path"])
+                out.append(g)
         return out
 
     def trial(self, i: int, remount: str, verify_all: bool = False) -> dict:
@@ -485,5 +485,6 @@ def run_campaign(fw: Framework, mount: Mount, work: Path, trials: int, seed: int
             "aimed": sum(r["aimed"] for r in res),
             "between_files": sum(r["between_files"] and r["killed_in_save"] for r in res),
             "daemon_kills": sum(r["remount"] == "daemon-kill" for r in res[1:]) + 1,
-            "max_window_s": c.window, "final": final, "good_hidden": len(hidden), "good_hidden_groups": hidden,
+            "max_window_s": c.window, "final": final, "good_hidden": len(hidden),
+            "good_hidden_groups": [g["path"] for g in hidden],
             "results": res}
