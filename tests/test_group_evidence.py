@@ -397,6 +397,183 @@ def test_an_open_group_is_listed_only_to_its_writers_job(tmp_path: Path) -> None
         assert _list(d, own_session=True) == ["checkpoint-1"]  # sealed: listed for everyone
 
 
+RESAVE = r"""
+import json, os, sys, torch
+g = sys.argv[1] + "/checkpoint-1"
+os.makedirs(g, exist_ok=True)
+step, how = int(sys.argv[2]), sys.argv[3]
+if how == "rename" and step == 2:  # an already-atomic writer: tmp + fsync + rename
+    torch.save({"w": torch.full((1000,), float(step))}, g + "/model.pt.tmp")
+    os.rename(g + "/model.pt.tmp", g + "/model.pt")
+else:
+    torch.save({"w": torch.full((1000,), float(step))}, g + "/model.pt")
+if step == 2:
+    torch.save({"added": True}, g + "/optimizer.pt")
+    if how == "unlink":
+        os.unlink(g + "/scheduler.pt")
+    print("saved", flush=True)
+    sys.stdin.readline()
+else:
+    torch.save({"s": 1}, g + "/scheduler.pt")
+open(g + "/trainer_state.json", "w").write(json.dumps({"global_step": step}))
+"""
+
+SEER = r"""
+import json, os, sys, torch
+g = sys.argv[1] + "/checkpoint-1"
+out = {"root": sorted(os.listdir(sys.argv[1]))}
+if out["root"]:
+    out.update({"dir": sorted(os.listdir(g)), "model": float(torch.load(g + "/model.pt")["w"][0]),
+                "size": os.stat(g + "/model.pt").st_size,
+                "step": json.load(open(g + "/trainer_state.json"))["global_step"],
+                "optimizer": os.path.exists(g + "/optimizer.pt"), "scheduler": os.path.exists(g + "/scheduler.pt")})
+    if out["scheduler"]:
+        out["scheduler_loads"] = torch.load(g + "/scheduler.pt") == {"s": 1}
+print(json.dumps(out))
+"""
+
+
+def _seen(d: Path, own_session: bool) -> dict:
+    argv = [sys.executable, "-c", SEER, str(d)]
+    if own_session:
+        argv = ["setsid", "-w", *argv]
+    r = subprocess.run(argv, capture_output=True, text=True, env=_env(), timeout=60)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+@pytest.mark.portable
+@pytest.mark.parametrize("how", ["inplace", "rename", "unlink"])
+def test_a_resave_shows_other_jobs_the_last_seal(tmp_path: Path, how: str) -> None:
+    """Issue 25 (RS1): while a sealed ``checkpoint-1/`` is saved again (``model.pt`` rewritten in
+    place or by tmp + rename, ``optimizer.pt`` added, the marker not yet rewritten), a process of
+    another job still lists it and sees exactly its last seal: the old ``model.pt`` (bytes and
+    size), no ``optimizer.pt`` nor tmp file, as if the re-save were being written in a temporary
+    directory.  A re-save that also removes a sealed file (``scheduler.pt``: no copy is kept of
+    an unlinked file) cannot be shown as sealed: the group is then unlisted to other jobs until
+    it seals, never shown mixed.  The writers' own session sees the new files.  Once the marker
+    seals the re-save, everyone sees the new save."""
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    with Mount(d).start():
+        r = subprocess.run([sys.executable, "-c", RESAVE, str(d), "1", how], env=_env(), capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert status(d / "checkpoint-1") == "sealed"
+        sealed = _seen(d, own_session=True)
+        assert sealed["model"] == 1.0 and sealed["scheduler"] and not sealed["optimizer"], sealed
+        w = subprocess.Popen([sys.executable, "-c", RESAVE, str(d), "2", how], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, env=_env())
+        try:
+            assert w.stdout is not None and w.stdin is not None
+            assert w.stdout.readline().strip() == "saved"
+            assert status(d / "checkpoint-1") == "open"
+            other = _seen(d, own_session=True)
+            if how == "unlink":
+                assert other == {"root": []}, other  # no view: unlisted to another job
+            else:
+                assert other == sealed, (other, sealed)  # another job: the last seal, whole
+            mine = _seen(d, own_session=False)  # the writer's session
+            assert mine["model"] == 2.0 and mine["optimizer"] and mine["scheduler"] == (how != "unlink"), mine
+            w.stdin.write("go\n")
+            w.stdin.flush()
+            assert w.wait(60) == 0
+        finally:
+            if w.poll() is None:
+                w.kill()
+                w.wait()
+        assert status(d / "checkpoint-1") == "sealed"
+        after = _seen(d, own_session=True)
+        assert after["model"] == 2.0 and after["step"] == 2 and after["optimizer"], after
+        assert "model.pt.tmp" not in after["dir"], after
+
+
+RESAVE_LOOP = r"""
+import json, os, sys, time
+root, secs = sys.argv[1], float(sys.argv[2])
+g = root + "/checkpoint-1"
+os.makedirs(g, exist_ok=True)
+def put(p, data, atomic):
+    if atomic:
+        with open(p + ".tmp", "wb") as f:
+            f.write(data); f.flush(); os.fsync(f.fileno())
+        os.rename(p + ".tmp", p)
+    else:
+        with open(p, "wb") as f:
+            f.write(data)
+end = time.time() + secs
+k = 0
+while time.time() < end:
+    k += 1
+    atomic = k % 2 == 0
+    for name in ("model.bin", "optim.bin"):
+        put(g + "/" + name, (b"%08d" % k) * (4096 * (1 + k % 3)), atomic)
+        time.sleep(0.01)
+    put(g + "/trainer_state.json", json.dumps({"global_step": k}).encode(), False)
+print(k)
+"""
+
+RESAVE_READER = r"""
+import json, os, sys, time
+root, secs = sys.argv[1], float(sys.argv[2])
+g = root + "/checkpoint-1"
+def seal():
+    return json.loads(os.getxattr(g, "user.ckptfs.group"))["manifest_blake3"]
+end = time.time() + secs
+n = bad = same = 0
+errs = []
+while time.time() < end:
+    if "checkpoint-1" not in os.listdir(root):
+        continue
+    try:
+        s1 = seal()
+        names = sorted(os.listdir(g))
+        vals = {}
+        for name in ("model.bin", "optim.bin"):
+            b = open(g + "/" + name, "rb").read()
+            v = int(b[:8])
+            if b != (b"%08d" % v) * (4096 * (1 + v % 3)):
+                raise ValueError(f"{name} torn: {len(b)} bytes of {v}")
+            vals[name] = v
+        vals["state"] = json.load(open(g + "/trainer_state.json"))["global_step"]
+        s2 = seal()
+    except Exception as e:
+        bad += 1; errs.append(f"{type(e).__name__}: {e}"[:200]); continue
+    n += 1
+    if s1 == s2:
+        same += 1
+        if len(set(vals.values())) != 1 or names != ["model.bin", "optim.bin", "trainer_state.json"]:
+            bad += 1; errs.append(f"mixed within one seal: {vals} names {names}")
+print(json.dumps({"reads": n, "within_one_seal": same, "bad": bad, "errs": errs[:5]}))
+"""
+
+
+@pytest.mark.portable
+def test_a_resave_race_never_shows_an_unsealed_byte(tmp_path: Path) -> None:
+    """RS1 under a race: a trainer saves the same ``checkpoint-1/`` again and again (``model.bin``,
+    ``optim.bin`` 10 ms apart, in place and by tmp + fsync + rename in turn, then the marker
+    ``trainer_state.json``); two evaluation jobs (``setsid``) list it and read all three files as
+    fast as they can.  Every pass during which the group's seal did not change (its
+    ``manifest_blake3`` read before and after) must show one save whole: the three files of one
+    step and no tmp file.  Before RS1, 78 of 227 such passes mixed two saves (a new ``model.bin``
+    beside the old ``optim.bin``)."""
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    secs = "5"
+    with Mount(d).start():
+        w = subprocess.Popen([sys.executable, "-c", RESAVE_LOOP, str(d), secs], env=_env(),
+                             stdout=subprocess.PIPE, text=True)
+        time.sleep(0.5)
+        rs = [subprocess.Popen(["setsid", "-w", sys.executable, "-c", RESAVE_READER, str(d), secs], env=_env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        saves = int(w.communicate(timeout=120)[0].strip())
+        outs = [json.loads(r.communicate(timeout=120)[0]) for r in rs]
+    print(f"{saves} saves; readers: {outs}")
+    assert saves >= 10
+    for o in outs:
+        assert o["bad"] == 0 and o["within_one_seal"] >= 50, o
+
+
 NEXT_SAVE = r"""
 import os, sys, torch
 root = sys.argv[1]

@@ -737,3 +737,43 @@ def test_retention_never_retires_the_group_sealed_last(tmp_path: Path) -> None:
         save_hf_like(d, 3)
         assert status(d / "checkpoint-3") == "sealed"
         assert sorted(os.listdir(d)) == ["checkpoint-3", "checkpoint-5"]
+
+
+TMP_ADDER = r"""
+import os, sys, torch
+g = sys.argv[1]
+torch.save({"w": 1}, os.path.join(g, "model.pt.tmp"))
+print("added", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_tmp_file_added_to_a_sealed_group_does_not_reseal_it(mnt: Mount) -> None:
+    """G10: a re-save by tmp + rename first adds ``model.pt.tmp`` to the sealed group.  Resealing
+    with it (as for any added file) made the tmp file part of the checkpoint every reader saw,
+    until the rename reopened the group.  A temporary name leaves the group open (late) and its
+    sealed files in view of other jobs (RS1); its writer's exit 0 reseals it, tmp file included,
+    as before."""
+    d = mnt.path
+    save_hf_like(d, 1)
+    g = d / "checkpoint-1"
+    w = subprocess.Popen([sys.executable, "-c", TMP_ADDER, str(g)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True, env=_env())
+    try:
+        assert w.stdout is not None and w.stdin is not None
+        assert w.stdout.readline().strip() == "added"
+        time.sleep(1.5)  # the housekeeper's sweep runs every second: the writer lives, nothing changes
+        assert status(g) == "open"
+        lister = "import os, sys; print(sorted(os.listdir(sys.argv[1])))"
+        listed = subprocess.run(["setsid", "-w", sys.executable, "-c", lister, str(g)], capture_output=True,
+                                text=True, env=_env(), timeout=60)
+        assert listed.stdout.strip() == "['model.pt', 'optimizer.pt', 'trainer_state.json']", listed
+        w.stdin.write("done\n")
+        w.stdin.flush()
+        assert w.wait(60) == 0
+    finally:
+        if w.poll() is None:
+            w.kill()
+            w.wait()
+    wait_sealed(g)
+    assert manifest_files(mnt, g) == ["model.pt", "model.pt.tmp", "optimizer.pt", "trainer_state.json"]

@@ -32,7 +32,10 @@ G8  Retention runs only after a seal, only when no group in that directory is
 G10 A sealed group reopened only by *new* files (``late``) is resealed, with
     them, as soon as nothing in it is being written; its sealed files were not
     touched, so neither a killed late writer nor a crash makes it torn (the
-    late file is dropped, or recovery reseals over the committed records).  A
+    late file is dropped, or recovery reseals over the committed records).
+    A temporary file (``TEMP_FILE_RE``: a re-save by tmp + rename) does not
+    reseal it: renamed over a sealed file it makes the change a re-save; left
+    behind, its writers' exit (or the idle time) reseals the group.  A
     rewrite of a sealed file reopens it for good: it needs its completion
     event again and is torn if it never comes.
 G11 A torn re-save of a sealed group is rolled back to its last seal when
@@ -342,6 +345,10 @@ class GroupEngine:
             log.info("group %s reopened by %s %s", g.path, "a file added at" if late else "a change of", path)
         elif g.state == OPEN and g.late and replaces:
             late = False
+        elif g.state == OPEN and g.late and not TEMP_FILE_RE.fullmatch(os.path.basename(path)):
+            if not g.seal_requested:  # a late tmp file renamed to a new final name: reseal once quiet
+                g.seal_requested = f"{LATE} {path}"
+            return
         else:
             return
         self.journal.append({"op": "group_open", "path": g.path, "rule": g.rule, "id": g.id,
@@ -349,7 +356,11 @@ class GroupEngine:
         if g.state == SEALED:
             g.pids, g.reason = [], ""  # a writer killed in an earlier change says nothing about this one
         g.state, g.late = OPEN, late
-        if late:
+        if late and TEMP_FILE_RE.fullmatch(os.path.basename(path)) and not g.seal_requested:
+            # a temporary file (a re-save by tmp + rename): not resealed with it; its rename over a
+            # sealed file makes this a re-save (below), else its writers' exit reseals (check_torn)
+            pass
+        elif late:
             g.seal_requested = f"{LATE} {path}"  # reseals once nothing in it is being written
         elif g.seal_requested.startswith(LATE):
             g.seal_requested = ""
@@ -689,6 +700,12 @@ class GroupEngine:
             if not interrupted and not has_files and not (g.late or g.manifest_blake3):
                 self._release(g)
                 return False
+            if not interrupted and g.late:  # only files added, its writers done (a tmp never renamed): G10
+                self.barrier()
+                with self.commit_lock:
+                    if g.state == OPEN and g.late and not self._busy(g):
+                        self.seal_group(g, f"{LATE} (its writers exited)")
+                return False
             # (a sealed group whose re-save removed every file goes back to its seal or is torn below)
         pre = g.path + "/"
         with self.lock:
@@ -834,7 +851,11 @@ class GroupEngine:
                 continue
             rule = self._rule_of(g)
             idle = now - (g.last_activity or g.created_at)
-            if (rule.idle_seal and idle >= self.rules.idle_seconds and not self._busy(g) and self._has_files(g)
+            if g.late and idle >= self.rules.idle_seconds and not self._busy(g):
+                with self.commit_lock:  # only files added (a tmp file left by a live writer): G10
+                    if g.state == OPEN and g.late:
+                        self.seal_group(g, f"{LATE} (idle for {idle:.0f}s)")
+            elif (rule.idle_seal and idle >= self.rules.idle_seconds and not self._busy(g) and self._has_files(g)
                     and not self._expects_marker(g)):
                 with self.commit_lock:
                     if g.state == OPEN:

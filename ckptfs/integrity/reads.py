@@ -290,6 +290,25 @@ class Integrity:
             self.store.close(fd)
         return serve, chk
 
+    def open_kept(self, path: str, fd: int, rec: FileRecord) -> Check:
+        """Check ``fd``, a kept generation of ``path`` served as the file's sealed version (RS1,
+        engine/sealedview.py), against its own record ``rec``; reads are verified like any
+        committed read.  Takes ownership of ``fd``: closed on EIO (known corrupt, or not the file
+        the record names)."""
+        try:
+            st = self.store.fstat(fd)
+            key, s = self.state_for(st, rec)
+            if s.bad is None:
+                bad = check_identity(f"{path} (kept generation {rec.generation})", st, rec)
+                if bad is not None:
+                    self._corrupt(f"{path} (kept generation {rec.generation})", s, bad)
+            if s.bad is not None:
+                raise _eio(path, s.bad)
+        except BaseException:
+            self.store.close(fd)
+            raise
+        return Check(path, s, key)
+
     def _admit(self, path: str, fd: int, st: os.stat_result, rec: FileRecord) -> tuple[int, Check | None]:
         key, s = self.state_for(st, rec)
         if s.bad is None:
