@@ -598,8 +598,11 @@ def test_rewrite_of_a_sealed_group_needs_its_completion_event(tmp_path: Path) ->
         save_hf_like(m.path, 2)
         g2 = m.path / "checkpoint-2"
         (g2 / "m.tmp").write_bytes(b"new")
-        assert status(g2) == "sealed"  # an added file: resealed
-        os.rename(g2 / "m.tmp", g2 / "model.pt")
+        assert status(g2) == "open"  # a temporary file added: not resealed with it (G10), its writer lives
+        (g2 / "NOTES").write_text("n")
+        assert status(g2) == "sealed"  # an added file that is not temporary: resealed (with both)
+        (g2 / "m2.tmp").write_bytes(b"new")
+        os.rename(g2 / "m2.tmp", g2 / "model.pt")
         assert status(g2) == "open"
         (g2 / "trainer_state.json").write_text("{}")  # the completion event again
         assert status(g2) == "sealed"

@@ -282,6 +282,8 @@ class GroupEngine:
         if g.state == SEALED or (g.late and path in self.records):
             with self.commit_lock:
                 self._reopen(g, path, replaces=path in self.records and self._member_evidence(g, path))
+        elif g.late and not g.seal_requested and not TEMP_FILE_RE.fullmatch(os.path.basename(path)):
+            g.seal_requested = f"{LATE} {path}"  # late by a tmp file so far: this addition reseals (G10)
         if pid:
             t = procinfo.tgid(pid)
             if t not in g.pids:
