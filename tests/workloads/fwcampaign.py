@@ -338,7 +338,9 @@ class Campaign:
     def torn_good(self) -> list[dict]:
         """Groups (their ``ckptfs ls`` rows) ckptfs made torn although the save they held had
         returned (ledger ``end``): a good group hidden.  The attempt a torn group held is the newest
-        ``begin`` of its step before the group was created (wall clock)."""
+        ``begin`` of its step before it was torn (its quarantine time, wall clock): a torn re-save
+        of a step whose earlier save had returned holds the re-save, which never returned (the
+        creation time, used before, named the earlier save: an upper bound, dcp1 4, deepspeed 3)."""
         if self.mount is None or not self.dir.exists():
             return []
         r = subprocess.run([sys.executable, "-m", "ckptfs", "ls", str(self.dir), "--all", "--json"],
@@ -350,8 +352,9 @@ class Campaign:
         for g in json.loads(r.stdout):
             if g.get("state") != "torn" or g.get("step") is None:
                 continue
+            torn_at = g.get("time") or g.get("when") or g.get("created_at", 0)
             begins = [k for k, x in enumerate(recs) if x["ev"] == "begin" and x["step"] == g["step"]
-                      and x.get("wall", 0) <= g.get("created_at", 0) + 0.5]
+                      and x.get("wall", 0) <= torn_at]
             if not begins:
                 continue
             k = begins[-1]
