@@ -8,6 +8,8 @@ Usage: ``python -m ckptfs_testing.variant VARIANT ckptfs-arguments...`` (``good`
   empty marker, its bytes come after.
 * ``ignore-exits``: how a group's writers ended is not evidence (GroupEngine._writer_failed says
   nothing): a writer killed between two files of an idle-seal layout leaves it sealed as good.
+* ``no-sealed-view``: a re-save of a sealed group shows other jobs what is at its paths (RS1 off,
+  engine/sealedview.py): the control of ``scripts/resave_race_campaign``.
 
 Test tooling only: the product never imports this module.
 """
@@ -17,7 +19,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-VARIANTS = ("good", "seal-on-flush", "ignore-exits")
+VARIANTS = ("good", "seal-on-flush", "ignore-exits", "no-sealed-view")
 
 
 def _seal_on_flush() -> None:
@@ -32,7 +34,15 @@ def _ignore_exits() -> None:
     GroupEngine._writer_failed = lambda self, g: ""  # type: ignore[method-assign]
 
 
-PATCHES: dict[str, Callable[[], None]] = {"seal-on-flush": _seal_on_flush, "ignore-exits": _ignore_exits}
+def _no_sealed_view() -> None:
+    from ckptfs.engine.sealedview import SealedView
+
+    SealedView.files = lambda self, g: None  # type: ignore[method-assign]
+    SealedView.applies = staticmethod(lambda g: False)  # type: ignore[method-assign]
+
+
+PATCHES: dict[str, Callable[[], None]] = {"seal-on-flush": _seal_on_flush, "ignore-exits": _ignore_exits,
+                                          "no-sealed-view": _no_sealed_view}
 
 
 def main() -> int:
