@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable
 
 VARIANTS = ("good", "seal-on-flush", "ignore-exits", "no-sealed-view")
+EVIDENCE_VARIANTS = ("good", "seal-on-flush", "ignore-exits")  # what scripts/evidence_check runs
 
 
 def _seal_on_flush() -> None:
