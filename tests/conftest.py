@@ -42,6 +42,21 @@ def mnt_async(tmp_path: Path):
         m.stop()
 
 
+def release_and_reap(w: subprocess.Popen, line: str = "go") -> int:
+    """Send ``line`` to a child paused on its stdin and return its exit status (60 s at most)."""
+    assert w.stdin is not None
+    w.stdin.write(line + "\n")
+    w.stdin.flush()
+    return w.wait(60)
+
+
+def kill_if_running(w: subprocess.Popen) -> None:
+    """Clean up a child a failed assertion left running (by its own handle, never by name)."""
+    if w.poll() is None:
+        w.kill()
+        w.wait()
+
+
 def run_py(code: str, cwd: Path | None = None, timeout: float = 120, check: bool = True,
            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     r = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import Mount, _env, run_py
+from conftest import Mount, _env, kill_if_running, release_and_reap, run_py
 
 from ckptfs import META_DIR
 
@@ -475,13 +475,9 @@ def test_a_resave_shows_other_jobs_the_last_seal(tmp_path: Path, how: str) -> No
                 assert other == sealed, (other, sealed)  # another job: the last seal, whole
             mine = _seen(d, own_session=False)  # the writer's session
             assert mine["model"] == 2.0 and mine["optimizer"] and mine["scheduler"] == (how != "unlink"), mine
-            w.stdin.write("go\n")
-            w.stdin.flush()
-            assert w.wait(60) == 0
+            assert release_and_reap(w) == 0
         finally:
-            if w.poll() is None:
-                w.kill()
-                w.wait()
+            kill_if_running(w)
         assert status(d / "checkpoint-1") == "sealed"
         after = _seen(d, own_session=True)
         assert after["model"] == 2.0 and after["step"] == 2 and after["optimizer"], after

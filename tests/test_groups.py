@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import Mount, _env, run_py
+from conftest import Mount, _env, kill_if_running, release_and_reap, run_py
 
 from ckptfs import META_DIR
 from ckptfs.log.journal import decode_frames
@@ -771,12 +771,8 @@ def test_a_tmp_file_added_to_a_sealed_group_does_not_reseal_it(mnt: Mount) -> No
         listed = subprocess.run(["setsid", "-w", sys.executable, "-c", lister, str(g)], capture_output=True,
                                 text=True, env=_env(), timeout=60)
         assert listed.stdout.strip() == "['model.pt', 'optimizer.pt', 'trainer_state.json']", listed
-        w.stdin.write("done\n")
-        w.stdin.flush()
-        assert w.wait(60) == 0
+        assert release_and_reap(w, "done") == 0
     finally:
-        if w.poll() is None:
-            w.kill()
-            w.wait()
+        kill_if_running(w)
     wait_sealed(g)
     assert manifest_files(mnt, g) == ["model.pt", "model.pt.tmp", "optimizer.pt", "trainer_state.json"]
