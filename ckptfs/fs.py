@@ -313,7 +313,7 @@ class CkptFS:
     def _resaving(self, path: str) -> GroupState | None:
         """The sealed group being saved again (RS1) that is or contains ``path``, if any."""
         g = self.groups.get(path)
-        if not (SealedView.applies(g) and g is not None and not g.tentative):
+        if not SealedView.applies(g) or g.tentative:  # type: ignore[union-attr]
             g = self.grp.group_of(path)
         return g if SealedView.applies(g) else None
 

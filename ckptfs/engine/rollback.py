@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ckptfs.backing import BackingStore
@@ -48,18 +49,27 @@ def resave_target(g: GroupState) -> str:
     return f"{QUARANTINE}/{g.id}.resave"
 
 
+def sealed_copy(p: str, rj: dict[str, Any], files: Mapping[str, FileRecord],
+                gens_of: Callable[[str], Sequence[GenEntry]]) -> FileRecord | GenEntry | None:
+    """Where the sealed version of file ``p`` (its manifest entry ``rj``) is now: its current record
+    if the path still holds it, else the kept generation with its blake3, else None (gone).  The one
+    rule a rollback plan (G11) and the last-seal view of a re-save (RS1, sealedview.py) share."""
+    cur = files.get(p)
+    if cur is not None and cur.blake3 == rj.get("blake3") and cur.size == rj.get("size"):
+        return cur
+    return next((x for x in gens_of(p) if x.rec.blake3 == rj.get("blake3")), None)
+
+
 def _plan_for(manifest: dict[str, Any], files: dict[str, FileRecord], gens: dict[str, list[GenEntry]],
               pre: str) -> tuple[list[dict[str, Any]], list[str]] | None:
     restore = []
     for rel, rj in sorted(manifest["files"].items()):
         p = pre + rel
-        cur = files.get(p)
-        if cur is not None and cur.blake3 == rj.get("blake3") and cur.size == rj.get("size"):
-            continue
-        gen = next((x for x in gens.get(p, ()) if x.rec.blake3 == rj.get("blake3")), None)
-        if gen is None:
+        got = sealed_copy(p, rj, files, lambda q: gens.get(q, ()))
+        if got is None:
             return None
-        restore.append({"path": p, "name": gen.name, "rec": gen.rec.to_json()})
+        if isinstance(got, GenEntry):
+            restore.append({"path": p, "name": got.name, "rec": got.rec.to_json()})
     listed = {pre + rel for rel in manifest["files"]}
     return restore, sorted(k for k in files if k.startswith(pre) and k not in listed)
 

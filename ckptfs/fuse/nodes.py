@@ -149,10 +149,8 @@ class Nodes:
         for p in hit:
             r = self.readers.pop(p)
             if not renamed:
-                r.path = None
-            # (RS1 readers hold reader nodes of sealed files, and the hide before a re-save's tmp +
-            # rename over one unmapped it: their opens racing it were ENOENT, "stale node", for a
-            # file that exists; answered ESTALE instead, the VFS's one repeat could meet the next)
+                r.path = None  # (a rename keeps it: RS1 readers' opens racing the hide before a
+                # re-save's tmp + rename were ENOENT, "stale node", for a file that exists)
             gone.append(r)
         return gone
 
@@ -271,7 +269,8 @@ class Nodes:
 
     def move(self, old: str, new: str) -> None:
         """A rename through the mount: ``old`` and its subtree now live at ``new`` (T3); reader
-        nodes of either side are unmapped (T5: the names they were isolated at are gone)."""
+        nodes of either side are unmapped (T5: the next lookups make new ones), keeping their
+        paths for opens already on their way."""
         with self.lock:
             self._drop_readers(old, True, renamed=True)
             self._drop_readers(new, True, renamed=True)
