@@ -7,7 +7,9 @@ For each operation (a child process runs it ``n`` times): natively, the durabili
 system calls the application itself makes (``strace -f -c`` of the child); through a ckptfs mount
 (native transport, sync commit): the same calls of the application, the FUSE requests by opcode
 (``user.ckptfs.stats`` before and after) and the daemon's own durability and namespace calls
-(``strace -f -c -p`` of the daemon).  Everything is divided by ``n``.  Counts per operation are
+(``strace -f -c -p`` of the daemon); and the profile behind them: microseconds in each opcode's
+handler (``fuse_us_*``) and the daemon's CPU time, from a second run without strace.  Everything
+is divided by ``n``.  Counts per operation are
 what a cost change must cut; timings are left to ``python -m bench``.
 
 Invariant: every mount is unmounted and its daemon stopped by PID; the scratch directory is
@@ -48,7 +50,8 @@ OPS: dict[str, tuple[int, str, str]] = {
     "group: mkdir step_N, 3 files, COMMIT": (
         20, "m = os.urandom(128 << 10)",
         "g = f'{d}/step_{i}'; os.mkdir(g); [open(f'{g}/{n}', 'wb').write(m) for n in "
-        "('model.bin', 'optim.bin', 'rng.json')]; open(f'{g}/COMMIT', 'wb').write(b'ok')"),
+        "('model.bin', 'optim.bin')]; open(f'{g}/rng.json', 'wb').write(b'{\"seed\": 1}'); "
+        "open(f'{g}/COMMIT', 'wb').write(b'ok')"),
     "open + close (read-only)": (
         1000, "open(f'{d}/r.txt', 'wb').write(b'x')", "os.close(os.open(f'{d}/r.txt', os.O_RDONLY))"),
     "stat": (1000, "open(f'{d}/r.txt', 'wb').write(b'x')", "os.stat(f'{d}/r.txt')"),
@@ -84,7 +87,19 @@ def _strace_calls(path: str) -> dict[str, int]:
     return out
 
 
-def _run(d: Path, op: str, daemon_pid: int | None, work: Path) -> dict[str, Any]:
+def _cpu_ns(pid: int) -> int:
+    """CPU time of every thread of ``pid`` so far, in ns (``/proc/PID/task/*/schedstat``: exact,
+    unlike the 10 ms ticks of ``/proc/PID/stat``)."""
+    total = 0
+    for t in os.listdir(f"/proc/{pid}/task"):
+        try:
+            total += int(Path(f"/proc/{pid}/task/{t}/schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
+
+
+def _run(d: Path, op: str, daemon_pid: int | None, work: Path, trace: bool = True) -> dict[str, Any]:
     n, setup, body = OPS[op]
     app_out = str(work / "app.strace")
     dmn_out = str(work / "daemon.strace")
@@ -99,16 +114,19 @@ def _run(d: Path, op: str, daemon_pid: int | None, work: Path) -> dict[str, Any]
         assert child.stdout is not None and child.stdin is not None
         assert child.stdout.readline().strip() == "ready"
         before = json.loads(os.getxattr(d, "user.ckptfs.stats")) if daemon_pid else {}
-        tracers.append(subprocess.Popen(["strace", "-f", "-c", "-o", app_out, "-p", str(child.pid)],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        if daemon_pid:
+        cpu0 = _cpu_ns(daemon_pid) if daemon_pid else 0
+        if trace:
+            tracers.append(subprocess.Popen(["strace", "-f", "-c", "-o", app_out, "-p", str(child.pid)],
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        if daemon_pid and trace:
             tracers.append(subprocess.Popen(["strace", "-f", "-c", "-o", dmn_out, "-p", str(daemon_pid)],
                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        time.sleep(0.5)  # (strace attaches to every thread)
+        time.sleep(0.5 if trace else 0.1)  # (strace attaches to every thread)
         child.stdin.write("go\n")
         child.stdin.flush()
         assert child.stdout.readline().strip() == "done"
         time.sleep(0.3)  # the daemon's asynchronous work for the last operation (RELEASE, FORGET)
+        cpu1 = _cpu_ns(daemon_pid) if daemon_pid else 0
         after = json.loads(os.getxattr(d, "user.ckptfs.stats")) if daemon_pid else {}
     finally:
         for t in tracers:
@@ -129,8 +147,14 @@ def _run(d: Path, op: str, daemon_pid: int | None, work: Path) -> dict[str, Any]
     row: dict[str, Any] = {"n": n, "app": {k: v / n for k, v in _strace_calls(app_out).items()}}
     if daemon_pid:
         row["fuse"] = {k[5:]: (after.get(k, 0) - before.get(k, 0)) / n for k in after
-                       if k.startswith("fuse_") and after.get(k, 0) != before.get(k, 0)}
+                       if k.startswith("fuse_") and not k.startswith("fuse_us_")
+                       and after.get(k, 0) != before.get(k, 0)}
         row["fuse_total"] = sum(row["fuse"].values())
+        # microseconds in each opcode's handler (reply included) and the daemon's CPU, per operation:
+        # the profile behind the counts (wall time here still moves with the disk)
+        row["fuse_us"] = {k[8:]: (after.get(k, 0) - before.get(k, 0)) / n for k in after
+                          if k.startswith("fuse_us_") and after.get(k, 0) != before.get(k, 0)}
+        row["daemon_cpu_us"] = (cpu1 - cpu0) / 1000 / n
         row["daemon"] = {k: v / n for k, v in _strace_calls(dmn_out).items()}
     return row
 
@@ -144,12 +168,16 @@ def measure(base: Path) -> list[dict[str, Any]]:
         shutil.rmtree(nat, ignore_errors=True)
         nat.mkdir()
         native = _run(nat, op, None, base)
-        mp = base / "mount"
-        shutil.rmtree(mp, ignore_errors=True)
-        mp.mkdir()
-        with Mount(mp).start():
-            pid = int(os.getxattr(mp, "user.ckptfs.pid"))
-            mounted = _run(mp, op, pid, base)
+        runs = []
+        for trace in (True, False):  # counts under strace; the profile (us, CPU) without it
+            mp = base / "mount"
+            shutil.rmtree(mp, ignore_errors=True)
+            mp.mkdir()
+            with Mount(mp).start():
+                pid = int(os.getxattr(mp, "user.ckptfs.pid"))
+                runs.append(_run(mp, op, pid, base, trace=trace))
+        mounted = runs[0]
+        mounted["fuse_us"], mounted["daemon_cpu_us"] = runs[1]["fuse_us"], runs[1]["daemon_cpu_us"]
         rows.append({"op": op, "native": native, "ckptfs": mounted})
         print(json.dumps(rows[-1]), flush=True)
     return rows
@@ -166,6 +194,11 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         m = r["ckptfs"]
         lines.append(f"| {r['op']} | {_fmt(r['native']['app'])} | {_fmt(m['app'])} | {m['fuse_total']:.1f}: "
                      f"{_fmt(m['fuse'])} | {_fmt(m['daemon'])} |")
+    lines += ["", "| operation | daemon CPU us | us in handlers (total, by opcode) |", "|---|---|---|"]
+    for r in rows:
+        m = r["ckptfs"]
+        us = {k: round(v) for k, v in m.get("fuse_us", {}).items()}
+        lines.append(f"| {r['op']} | {m.get('daemon_cpu_us', 0):.0f} | {sum(us.values())}: {_fmt(us)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -447,14 +447,19 @@ class CkptFS:
         path = self.norm(path)
         if self._is_view(path) or is_meta(path) or path in self.hidden:
             return True
-        with self.lock:
-            if path in self.pending or path in self.queued:
-                return True
-            if attr and any(h.writable and h.path == path for h in self.handles.values()):
-                # open for writing, not written yet: its first write makes a version others are
-                # isolated from (V1), and attributes cached now would outlive that (fsx -c 50 beside
-                # a reader: a stale i_size for the writer's own lseek)
-                return True
+        if self.isolates(path):
+            # only a checkpoint file's version is shown per caller (V1); any other open or queued
+            # version is what everyone sees, and the kernel keeps its size itself as the writer
+            # writes (its publish, or its discard, is an event that drops the cached answer: C1).
+            # Caching those (issue 27) saves two GETATTRs per small file written (fuse/ops.py)
+            with self.lock:
+                if path in self.pending or path in self.queued:
+                    return True
+                if attr and any(h.writable and h.path == path for h in self.handles.values()):
+                    # open for writing, not written yet: its first write makes a version others are
+                    # isolated from (V1), and attributes cached now would outlive that (fsx -c 50 beside
+                    # a reader: a stale i_size for the writer's own lseek)
+                    return True
         p = path
         while True:
             g = self.groups.get(p)
@@ -1418,6 +1423,22 @@ class CkptFS:
             pass
 
     # ------------------------------------------------------------ committing
+    def _staged_size(self, v: Version) -> int:
+        """The size of ``v``'s staged bytes: the kernel's writes of a passthrough writer (W1) never
+        reach ``v.size``, so its staging file says (a close of a written checkpoint file scanned the
+        writer's whole fd table here, issue 27)."""
+        if not v.bypassed:
+            return v.size
+        try:
+            return self.store.fstat(v.fd).st_size
+        except OSError:
+            return v.size
+
+    def _holds_open(self, pid: int, path: str) -> bool:
+        """Whether the process of thread ``pid`` still holds ``path`` open (a scan of its fd table)."""
+        self.stats["fd_table_scans"] += 1
+        return procinfo.holds_open(pid, os.path.join(self.mountpoint, path))
+
     def flush(self, fh: int, caller: Caller = NOBODY) -> None:
         h = self._handle(fh)
         v = h.version
@@ -1433,8 +1454,8 @@ class CkptFS:
             # its exit, even by a signal): natively nothing happens to the file; the writer's close decides
             self.stats["inherited_flushes"] += 1
             return
-        if (v.size == 0 and h.published and self.mountpoint and caller.pid > 0
-                and procinfo.holds_open(caller.pid, os.path.join(self.mountpoint, v.path))):
+        if (h.published and self.mountpoint and caller.pid > 0 and self._staged_size(v) == 0
+                and self._holds_open(caller.pid, v.path)):
             # a FLUSH is not the last close of the file description: a shell's ``echo done > COMMIT``
             # dup2s the new fd to stdout and closes the original before writing (issue 25: an empty
             # COMMIT sealed the group, its bytes came after, and the next mount quarantined it).

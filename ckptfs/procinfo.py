@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 PF_EXITING = 0x00000004
 
@@ -67,18 +68,34 @@ def killing_signal(pid: int) -> int | None:
     return exit_state(pid)[0]
 
 
+# thread id -> (its process id, when read): a thread's process never changes while the thread
+# lives, and its number is reused only after the kernel has handed out every other pid number
+# since (pid_max, 32,768 at least), which no system does within TGID_TTL.  One request asks several
+# times (writer tracking, visibility, groups): each read of /proc/PID/status costs ~20 us (issue 27)
+TGID_TTL = 0.05
+_tgids: dict[int, tuple[int, float]] = {}
+
+
 def tgid(pid: int) -> int:
     """The process (thread group) id of thread ``pid``; ``pid`` itself if unknown.
 
     FUSE reports the calling *thread*; a group's writers are tracked per process
-    so that a helper thread exiting is not taken for the writer dying."""
+    so that a helper thread exiting is not taken for the writer dying.  An answer read within the
+    last ``TGID_TTL`` seconds is reused (see ``_tgids``)."""
+    now = time.monotonic()
+    hit = _tgids.get(pid)
+    if hit is not None and now - hit[1] < TGID_TTL:
+        return hit[0]
     try:
-        for line in _read_proc(pid, "status").splitlines():
-            if line.startswith("Tgid:"):
-                return int(line.split()[1])
+        text = _read_proc(pid, "status")
+        at = text.index("\nTgid:") + 6
+        t = int(text[at:text.index("\n", at)])
     except (OSError, ValueError, IndexError):
-        pass
-    return pid
+        return pid
+    if len(_tgids) >= 4096:
+        _tgids.clear()
+    _tgids[pid] = (t, now)
+    return t
 
 
 def parent(pid: int) -> int | None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 
 CHUNK_SIZE = 1 << 20  # 1 MiB: granularity of chunk digests and verify-on-read
 XATTR = "user.ckptfs.rec"  # the record, carried by the committed inode itself
@@ -34,7 +34,9 @@ class FileRecord:
     chunk_size: int = CHUNK_SIZE
 
     def to_json(self) -> dict:
-        return asdict(self)
+        # the fields, in declaration order, as ``dataclasses.asdict`` gives them without its deep
+        # copy (every field is a str, int or float): ~60 us less per commit (issue 27)
+        return {f: getattr(self, f) for f in _FIELDS}
 
     @classmethod
     def from_json(cls, d: dict) -> FileRecord:
@@ -61,6 +63,9 @@ class FileRecord:
 
     def committed_iso(self) -> str:
         return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.committed_at))
+
+
+_FIELDS = tuple(f.name for f in fields(FileRecord))
 
 
 def to_xattr(rec: FileRecord) -> bytes:

@@ -44,7 +44,6 @@ import math
 import re
 import sys
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
 from typing import Any
 
 CONFIG_NAME = ".ckptfs.toml"
@@ -276,6 +275,7 @@ def _rules_of(doc: dict[str, Any], source: str) -> RuleSet:
 
 
 def parent_and_base(path: str) -> tuple[str, str]:
-    p = PurePosixPath(path)
-    par = str(p.parent)
-    return ("" if par == "." else par), p.name
+    """(parent, name) of a normalized relative path (no pathlib object per call: every new file
+    asks, issue 27)."""
+    par, _, name = path.rstrip("/").rpartition("/")
+    return par.rstrip("/"), name

@@ -29,6 +29,7 @@ import socket
 import stat
 import subprocess
 import threading
+import time
 from typing import Any
 
 from ckptfs.engine.staged import Caller
@@ -136,6 +137,8 @@ class Session:
         self.done = threading.Event()
         self.stats = ops.fs.stats
         self.keys = {op: "fuse_" + name.lower() for op, name in k.NAMES.items()}  # request counters
+        # microseconds spent in each opcode's handler, reply included (the ledger's profile: bench/ledger.py)
+        self.us_keys = {op: "fuse_us_" + name.lower() for op, name in k.NAMES.items()}
 
     # ------------------------------------------------------------ replies
     def reply(self, unique: int, payload: Any) -> None:
@@ -260,6 +263,7 @@ class Session:
         if self.debug:
             log.debug("%s node=%d(%s) pid=%d", k.NAMES.get(opcode, opcode), nid,
                       node.path if node else None, pid)
+        t0 = time.perf_counter()
         try:
             out = handler(node, nid, Caller(uid, gid, pid), body)
         except Reply:
@@ -271,12 +275,14 @@ class Session:
             if code == errno.ENOENT and node is not None and node.replaced and opcode in ops.ON_NODE:
                 code = errno.ESTALE  # T6: its name was renamed over; the VFS looks the name up again
             self.reply_err(unique, code)
+            self.stats[self.us_keys[opcode]] += int((time.perf_counter() - t0) * 1e6)
             return
         except Exception:
             log.exception("%s on node %d failed", k.NAMES.get(opcode, opcode), nid)
             self.reply_err(unique, errno.EIO)
             return
         self.reply(unique, out)
+        self.stats[self.us_keys[opcode]] += int((time.perf_counter() - t0) * 1e6)
 
 
 def serve_native(fs: CkptFS, mountpoint: str, *, allow_other: bool = False, debug: bool = False,
