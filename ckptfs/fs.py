@@ -46,6 +46,7 @@ from ckptfs.engine import staged
 from ckptfs.engine.commit import CommitEngine
 from ckptfs.engine.generations import Generations
 from ckptfs.engine.groups import GroupEngine
+from ckptfs.engine.pool import StagingPool
 from ckptfs.engine.sealedview import SealedView
 from ckptfs.engine.seals import CORRUPT, OPEN, SEALED, GroupState, SealError, read_seal
 from ckptfs.engine.staged import NOBODY, Caller, Handle, Staging, Version
@@ -228,6 +229,10 @@ class CkptFS:
         # store need not see every byte; writers only if CKPTFS_WRITE_PASSTHROUGH is not 0 (W1)
         self.bypass_ok = bool(getattr(store, "bypassable", False))
         self.write_passthrough = self.bypass_ok and os.environ.get("CKPTFS_WRITE_PASSTHROUGH", "1") != "0"
+        # empty staging files made ahead, off the request path (engine/pool.py), on a real backing
+        # directory only: a recording or fault-injecting store sees every file made when it is needed
+        if self.bypass_ok and os.environ.get("CKPTFS_STAGING_POOL", "1") != "0":
+            self.staging.pool = StagingPool(store)
         # is a closing process dying (signal), or exiting non-zero with its files open? (a seam for the model checker)
         self.exit_state = procinfo.exit_state
         # checkpoint paths an O_TRUNC rewrite is about to start at -> the processes (tgids) starting them
@@ -766,6 +771,10 @@ class CkptFS:
         with self.lock:
             return [f for f, h in self.handles.items() if h.path == path]
 
+    def _pool_stats(self) -> dict[str, int]:
+        p = self.staging.pool
+        return {} if p is None else {"staging_pool_taken": p.taken, "staging_pool_misses": p.misses}
+
     def shutdown(self) -> None:
         """Finish queued commits, discard open versions' staging, close fds."""
         if self.shut_down:
@@ -780,6 +789,9 @@ class CkptFS:
             self._housekeeper.join()
         self.integrity.stop()
         self.commit.stop()
+        if self.staging.pool is not None:
+            self.staging.pool.stop()
+            self.stats.update(self._pool_stats())
         with self.commit_lock, self.lock:
             for h in list(self.handles.values()):
                 for fd in ([h.fd] if h.fd is not None else []) + h.retired:
@@ -2109,7 +2121,7 @@ class CkptFS:
                 X_COMMIT_MODE: self.commit_mode,
                 X_BACKING: self.backing_label,
                 X_STATS: json.dumps(dict(self.stats, commit_queue_depth=len(self.queued),
-                                         open_handles=len(self.handles)), sort_keys=True),
+                                         open_handles=len(self.handles), **self._pool_stats()), sort_keys=True),
                 X_ABORTS: json.dumps(list(self.aborts)[-10:]),
                 X_RULES: json.dumps({"source": self.rules.source, "keep_last": self.rules.keep_last,
                                      "keep_every": self.rules.keep_every,

@@ -6,6 +6,7 @@ through the mount, I4); everything else is the user's files, plain::
     .ckptfs/journal.<epoch>    intent journal (log/journal.py)
     .ckptfs/snapshot           compacted journal state
     .ckptfs/staging/<uuid>     shadow copies being written (engine/staged.py)
+    .ckptfs/pool/<uuid>        empty files made ahead for new versions (engine/pool.py)
     .ckptfs/generations/<id>   kept previous versions of overwritten files (engine/generations.py)
     .ckptfs/groups/<id>.*      group MANIFEST and COMMIT (engine/seals.py)
     .ckptfs/quarantine/<id>    torn and corrupt groups moved aside (engine/quarantine.py lists them)
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 
 SNAPSHOT = f"{META_DIR}/snapshot"
 STAGING = f"{META_DIR}/staging"
+POOL = f"{META_DIR}/pool"
 GEN_DIR = f"{META_DIR}/generations"
 GROUPS = f"{META_DIR}/groups"
 QUARANTINE = f"{META_DIR}/quarantine"

@@ -61,6 +61,7 @@ from ckptfs.engine.seals import (
 )
 from ckptfs.hashing import digest_fd
 from ckptfs.layout import (
+    POOL,
     QUARANTINE,
     SNAPSHOT,
     STAGING,
@@ -607,6 +608,9 @@ def recover(store: BackingStore, journal: Journal | None = None, seal_parts: boo
     if staged:
         store.fsync_dir(STAGING)
     rep.staging_removed = len(staged)
+    if store.exists(POOL):  # empty files made ahead (engine/pool.py P1): never referenced, never synced
+        for name in store.listdir(POOL):
+            store.unlink(f"{POOL}/{name}")
     owner = {r.ino: p for p, r in rep.files.items() if r.ino}
     for path, rec in list(rep.files.items()):
         try:

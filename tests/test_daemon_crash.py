@@ -3,6 +3,7 @@ then remount: the visible state is a prefix of the workload and nothing acked is
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -111,3 +112,46 @@ def test_daemon_killed_at_random_times(tmp_path: Path, commit: str) -> None:
             assert staging_empty(d)
     finally:
         m.stop()
+
+
+def test_the_staging_pool_gives_new_files_their_own_times_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    """Issue 27, engine/pool.py: new versions take empty files made ahead in ``.ckptfs/pool``.  A
+    file made from one has its creation's mode and times, not the pooled file's (P2); the pool holds
+    nothing after a clean unmount, and recovery deletes what a killed daemon left there (P1), as it
+    deletes ``staging/``."""
+    d, b = tmp_path / "ckpts", tmp_path / "backing"  # (in place, .ckptfs is hidden under the mount)
+    d.mkdir()
+    b.mkdir()
+    pool = b / META_DIR / "pool"
+    m = Mount(d, backing=b).start()
+    try:
+        (m.path / "first.txt").write_bytes(b"1")  # starts the pool's thread
+        deadline = time.monotonic() + 10
+        while len(os.listdir(pool)) < 8 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(os.listdir(pool)) >= 8, os.listdir(pool)
+        time.sleep(1.2)  # the pooled files are older than what is made from them now
+        t0 = time.time()
+        fd = os.open(m.path / "new.txt", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
+        os.close(fd)
+        st = os.stat(m.path / "new.txt")
+        assert st.st_size == 0 and st.st_mode & 0o7777 == 0o640
+        for t in (st.st_mtime, st.st_atime, st.st_ctime):
+            assert t >= t0 - 0.05, (t, t0)  # its creation's time, not the pooled file's
+        assert json.loads(os.getxattr(m.path, "user.ckptfs.stats")).get("staging_pool_taken", 0) >= 1
+        m.stop()
+        assert os.listdir(pool) == [] and staging_empty(b)  # clean stop: P1
+        m.start()
+        (m.path / "second.txt").write_bytes(b"2")
+        deadline = time.monotonic() + 10
+        while not os.listdir(pool) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert os.listdir(pool)
+        m.kill()
+        assert os.listdir(pool)  # a crash leaves them ...
+        m.start()
+        assert os.listdir(pool) == []  # ... recovery deletes them (this daemon makes its own at its first write)
+        assert (m.path / "second.txt").read_bytes() == b"2" and staging_empty(b)
+    finally:
+        m.stop()
+    assert os.listdir(pool) == [] and staging_empty(b)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from ckptfs import procinfo
 from ckptfs.backing import BackingStore
+from ckptfs.engine.pool import StagingPool
 from ckptfs.inodes import InodeMap
 from ckptfs.layout import STAGING, parent
 from ckptfs.records import FileRecord
@@ -128,9 +129,26 @@ class Staging:
         self.unpublish = unpublish
         self.unref = unref  # drop a reference taken under lock (the facade closes a finished version's fd)
         self.as_root = hasattr(os, "geteuid") and os.geteuid() == 0
+        self.pool: StagingPool | None = None  # set by the facade (engine/pool.py); None: create each file
 
     def staging_name(self) -> str:
         return f"{STAGING}/{uuid.uuid4().hex}"
+
+    def _pooled(self, name: str) -> int | None:
+        """An empty file made ahead (engine/pool.py), renamed to ``name`` and dated now (it was made
+        earlier: a new file's times are its creation's); None where the pool has none."""
+        got = self.pool.take() if self.pool is not None else None
+        if got is None:
+            return None
+        made, fd = got
+        try:
+            self.store.rename(made, name)
+            self.store.utime(name, None)
+        except OSError as e:
+            log.debug("staging pool: %s: %s", made, e)
+            self.store.close(fd)
+            return None
+        return fd
 
     def new_owner(self, path: str, caller: Caller) -> tuple[int, int]:
         """Owner of a new file, directory, node or link at ``path``, as the kernel gives it natively:
@@ -156,7 +174,9 @@ class Staging:
         mode (the kernel has applied the caller's umask; the daemon runs with umask 0) and the
         owner :meth:`_new_owner` gives."""
         name = self.staging_name()
-        fd = self.store.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = self._pooled(name)
+        if fd is None:
+            fd = self.store.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         v = Version(path=path, staging=name, fd=fd)
         try:
             v.ino = self.store.fstat(fd).st_ino

@@ -33,7 +33,7 @@ from typing import Any
 
 from ckptfs import META_DIR, crashpoints
 from ckptfs.backing import BackingStore
-from ckptfs.layout import SNAPSHOT, STAGING
+from ckptfs.layout import POOL, SNAPSHOT, STAGING
 from ckptfs.records import FileRecord
 
 FORMAT = 1
@@ -140,7 +140,7 @@ class Journal:
         return f"{META_DIR}/journal.{epoch}"
 
     def ensure_layout(self) -> None:
-        for d in (META_DIR, STAGING):
+        for d in (META_DIR, STAGING, POOL):
             if not self.store.exists(d):
                 self.store.mkdir(d, 0o700)
                 self.store.fsync_dir(os.path.dirname(d))
