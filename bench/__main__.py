@@ -113,6 +113,8 @@ def run(a: argparse.Namespace, base: Path) -> dict:
                     r["w7"].extend(w7(d / "w7", a.groups))
                 if "W8" in on and m in TOOL_MODES:
                     r["tools"].append(tools(d, archive))
+                    if m == "atomic_dirsync":  # the yardstick of sync-mode tools (issue 27)
+                        r.setdefault("tools_durable", []).append(tools(d, archive, durable=True))
                     if aw:
                         fsync_path(base / m, directory=True)  # drain the async backlog, untimed
                 print(f"rep {rep} {m}: " + _progress(r), flush=True)

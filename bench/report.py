@@ -51,6 +51,9 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
             xs = [x[t] for x in r.get("tools", []) if t in x]
             if xs:
                 d[f"tools_{t}_s"] = median(xs)
+            xs = [x[t] for x in r.get("tools_durable", []) if t in x]
+            if xs:
+                d[f"tools_durable_{t}_s"] = median(xs)
         s[m] = d
     return s
 
@@ -309,6 +312,22 @@ def write_markdown(res: dict[str, Any], out: Path, command: str) -> None:
                     f"{s[m][f'tools_{t}_s']:.3f} | {s[m][f'tools_{t}_s'] / ref[f'tools_{t}_s']:.2f}"
                     for t in tools) + " |")
         L.append("")
+        dur = [t for t in tools if f"tools_durable_{t}_s" in ref]
+        if dur:
+            L += ["## W8 durable: sync-mode tools against native per-file durability", "",
+                  "The same tools, natively, each followed within its time by per-file durability (each file "
+                  "it wrote fsynced, then its directory; after `rm -rf`, the parent): issue 27's yardstick, "
+                  "target <= 1.5x.", "",
+                  "| mode | " + " | ".join(f"{TOOL_NAMES[t]} s | / native durable" for t in dur) + " |",
+                  "|---|" + "---|---|" * len(dur),
+                  "| native + per-file durability | " + " | ".join(
+                      f"{ref[f'tools_durable_{t}_s']:.3f} | 1.00" for t in dur) + " |"]
+            for m in CKPTFS:
+                if f"tools_{dur[0]}_s" in s[m]:
+                    L.append(f"| {m} | " + " | ".join(
+                        f"{s[m][f'tools_{t}_s']:.3f} | {s[m][f'tools_{t}_s'] / ref[f'tools_durable_{t}_s']:.2f}"
+                        for t in dur) + " |")
+            L.append("")
     if plots:
         L += ["## Plots", "", *[f"![{p}]({p})" for p in plots], ""]
     out.write_text("\n".join(L))

@@ -183,30 +183,64 @@ def tools_prepare(base: Path, dirs: int, files: int, seed: int = 6) -> Path:
     return tar
 
 
-def tools(root: Path, archive: Path) -> dict[str, float]:
+def _durable_files(top: Path, since: float = 0.0) -> None:
+    """Per-file durability, natively: every regular file under ``top`` modified at or after
+    ``since`` fsynced, then its directory fsynced (one directory fsync per file, as a tool that
+    made each file durable itself would: the yardstick of issue 27 for sync-mode tools)."""
+    for dirpath, _dirs, files in os.walk(top):
+        dfd = os.open(dirpath, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for name in files:
+                p = os.path.join(dirpath, name)
+                if os.lstat(p).st_mtime < since:
+                    continue
+                fd = os.open(p, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+def tools(root: Path, archive: Path, durable: bool = False) -> dict[str, float]:
     """Everyday tools on a small-file tree, one invocation each, seconds
     (wall clock of the subprocess): ``tar xf`` of ``archive`` into
     ``root/tree``, ``ls -lR`` of it (to /dev/null), ``du -s``, ``git add -A``
     in a fresh ``git init`` repository of the tree (the init is not timed),
-    and ``rm -rf`` of the whole tree (the directory is left as found)."""
+    and ``rm -rf`` of the whole tree (the directory is left as found).
+    ``durable`` (native only): each tool that writes is followed, within its time, by the per-file
+    durability a sync-mode mount gives (``_durable_files``; after ``rm -rf``, the parent's fsync)."""
     tree = root / "tree"
     tree.mkdir()
     env = dict(os.environ, GIT_CONFIG_GLOBAL="/dev/null", GIT_CONFIG_NOSYSTEM="1")
     out: dict[str, float] = {}
 
-    def timed(key: str, argv: list[str], cwd: Path | None = None) -> None:
+    def timed(key: str, argv: list[str], cwd: Path | None = None, then=None) -> None:
         t0 = time.perf_counter()
         subprocess.run(argv, cwd=cwd, env=env, check=True, stdout=subprocess.DEVNULL)
+        if durable and then is not None:
+            then()
         out[key] = time.perf_counter() - t0
 
     os.sync()
-    timed("tar_xf", ["tar", "xf", str(archive), "-C", str(tree)])
+    timed("tar_xf", ["tar", "xf", str(archive), "-C", str(tree)], then=lambda: _durable_files(tree))
     timed("ls_lR", ["ls", "-lR", str(tree)])
     timed("du_s", ["du", "-s", str(tree)])
     subprocess.run([*_GIT, "init", "-q"], cwd=tree, env=env, check=True)
-    timed("git_add", [*_GIT, "add", "-A"], cwd=tree)
-    timed("rm_rf", ["rm", "-rf", str(tree)])
+    t_git = time.time() - 1.0
+    timed("git_add", [*_GIT, "add", "-A"], cwd=tree, then=lambda: _durable_files(tree / ".git", t_git))
+    timed("rm_rf", ["rm", "-rf", str(tree)], then=lambda: fsync_dir_of(root))
     return out
+
+
+def fsync_dir_of(d: Path) -> None:
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def stream_write(p: Path, size_mib: int, sample) -> float:

@@ -42,6 +42,7 @@ def test_bench_smoke(tmp_path) -> None:
         assert section in text
     assert _rows(text, "## W7") == ["native", *CKPTFS]
     assert _rows(text, "## W8") == ["native", *CKPTFS]
+    assert _rows(text, "## W8 durable") == ["native + per-file durability", *CKPTFS]
     assert "W7 p99 ms" in text and "W8 git add -A s" in text and "W5 getxattr/s" in text
     res = json.loads((tmp_path / "perf.json").read_text())
     for m in MODES:
@@ -50,6 +51,8 @@ def test_bench_smoke(tmp_path) -> None:
     for m in ("atomic_dirsync", *CKPTFS):
         assert len(res["modes"][m]["w7"]) == 10
         assert len(res["modes"][m]["tools"]) == 1 and set(res["modes"][m]["tools"][0]) == TOOLS
+    assert len(res["modes"]["atomic_dirsync"]["tools_durable"]) == 1
+    assert set(res["modes"]["atomic_dirsync"]["tools_durable"][0]) == TOOLS
     assert res["tools_files"] == 100
     assert set(res["w5"]) == {"unsafe", *CKPTFS}
     assert "getxattr_ops" not in res["w5"]["unsafe"] and all("getxattr_ops" in res["w5"][m] for m in CKPTFS)
