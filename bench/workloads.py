@@ -231,16 +231,8 @@ def tools(root: Path, archive: Path, durable: bool = False) -> dict[str, float]:
     subprocess.run([*_GIT, "init", "-q"], cwd=tree, env=env, check=True)
     t_git = time.time() - 1.0
     timed("git_add", [*_GIT, "add", "-A"], cwd=tree, then=lambda: _durable_files(tree / ".git", t_git))
-    timed("rm_rf", ["rm", "-rf", str(tree)], then=lambda: fsync_dir_of(root))
+    timed("rm_rf", ["rm", "-rf", str(tree)], then=lambda: fsync_path(root, directory=True))
     return out
-
-
-def fsync_dir_of(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def stream_write(p: Path, size_mib: int, sample) -> float:
