@@ -119,7 +119,8 @@ def test_round_trip(env: tuple[Mount, Path], servers, name: str) -> None:  # noq
 @pytest.mark.parametrize("name", NAMES)
 def test_kill_campaign(env: tuple[Mount, Path], servers, name: str) -> None:  # noqa: ANN001
     m, work = env
-    s = fc.run_campaign(fc.FRAMEWORKS[name], m, work, TRIALS, seed=NAMES.index(name), server=servers(name))
+    s = fc.run_campaign(fc.FRAMEWORKS[name], m, work, TRIALS, seed=NAMES.index(name), server=servers(name),
+                        min_in_save=TRIALS // 2)
     # the campaign must really cut saves, and must have had checkpoints to resume from
     assert s["killed_in_save"] >= TRIALS // 2, s["killed_in_save"]
     resumed = [r for r in s["results"] if r.get("live_step") is not None]
@@ -141,7 +142,8 @@ def test_loop_kill_campaign(tmp_path: Path, name: str, commit: str) -> None:
     d.mkdir()
     (tmp_path / "work").mkdir()
     with Mount(d, extra_args=[*fw.mount_args, "--commit", commit]).start() as m:
-        s = fc.run_campaign(fw, m, tmp_path / "work", LOOP_TRIALS, seed=LOOPS.index(name))
+        s = fc.run_campaign(fw, m, tmp_path / "work", LOOP_TRIALS, seed=LOOPS.index(name),
+                            min_in_save=LOOP_TRIALS // 2)
     assert s["killed_in_save"] >= LOOP_TRIALS // 2, s
     ref = s["uninterrupted"]
     assert ref["steps_compared"] >= 2 and not ref["mismatched_steps"] and ref["final_equal"], ref
