@@ -3,7 +3,7 @@
 Every new version begins as an empty file in ``.ckptfs/staging``.  Creating it (an inode and a
 directory entry on the backing filesystem) was the largest part of a small file's CREATE: on ext4
 right after the previous file's commit synced the journal, ~145 us of the ~930 us a small file
-cost in the daemon (profile in docs/results/performance.md).  A :class:`StagingPool` keeps up to
+cost in the daemon (profile in docs/results/performance-analysis.md).  A :class:`StagingPool` keeps up to
 ``size`` empty files in ``.ckptfs/pool``, made by its own thread; a new version takes one and
 renames it into ``staging/`` under its own name (a rename is cheaper than a create there, and keeps
 ``staging/`` holding exactly the versions in use).
@@ -46,7 +46,6 @@ class StagingPool:
         self.cond = threading.Condition()
         self.thread: threading.Thread | None = None
         self.stopped = False
-        self.made = 0
         self.taken = 0
         self.misses = 0  # takes that found the pool empty (the caller created its file itself)
 
@@ -86,7 +85,6 @@ class StagingPool:
                 made.append((name, fd))
             with self.cond:
                 self.free.extend(made)
-                self.made += len(made)
                 if self.stopped:
                     return  # stop() cleans up what is in ``free``
                 if not made:

@@ -14,6 +14,7 @@ handle first clones it into a new version: copy-on-write).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -143,10 +144,17 @@ class Staging:
         made, fd = got
         try:
             self.store.rename(made, name)
-            self.store.utime(name, None)
-        except OSError as e:
+        except OSError as e:  # (left in pool/: recovery deletes it, P1)
             log.debug("staging pool: %s: %s", made, e)
             self.store.close(fd)
+            return None
+        try:
+            self.store.utime(name, None)
+        except OSError as e:  # never leave ``name`` behind: the caller creates it with O_EXCL
+            log.debug("staging pool: %s: %s", name, e)
+            self.store.close(fd)
+            with contextlib.suppress(OSError):
+                self.store.unlink(name)
             return None
         return fd
 
