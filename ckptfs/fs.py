@@ -23,6 +23,11 @@ I3  A version closed by a process dying of a signal, unlinked while open, or
 I4  Internal metadata (``.ckptfs``) is invisible and unreachable via the mount.
 I5  Lock order: ``commit_lock`` before ``lock``; never block on disk while
     holding ``lock`` (it guards the in-memory tables only; tests/test_arch_defects.py).
+I8  An unlink of a file outside groups and kept generations costs one sync: entries owed
+    are settled, the name removed, its directory fsynced, then the entry appended done
+    and unsynced (``CommitEngine.ns_op(after=True)``): recovery reads an unlink from the
+    disk alone, so losing that entry loses nothing (I2 holds: the unlink is durable
+    before anything after it is journaled).
 """
 
 from __future__ import annotations
@@ -1747,8 +1752,9 @@ class CkptFS:
                     self.grp.defer_delete(g, path, caller.pid)
                 else:
                     self.grp.note_unlink(path)
+                    plain = self.grp.group_of(path) is None and not self.gens.of(path)  # I8
                     self.commit.ns_op({"op": "unlink", "path": path, "ino": gone.st_ino},
-                                      lambda: self.store.unlink(path), [parent(path)])
+                                      lambda: self.store.unlink(path), [parent(path)], after=plain)
             elif v is None:
                 raise _err(errno.ENOENT)
             with self.lock:

@@ -42,7 +42,7 @@ from ckptfs import META_DIR, crashpoints, trust
 from ckptfs.backing import BackingStore
 from ckptfs.engine import quarantine as qt
 from ckptfs.engine.generations import GenEntry, link_for_recovery, reconcile
-from ckptfs.engine.replay import PARSE_ERRORS, replay
+from ckptfs.engine.replay import PARSE_ERRORS, Replayed, replay
 from ckptfs.engine.rollback import OP as ROLLBACK
 from ckptfs.engine.rollback import apply_rollback, apply_rollback_state, make_durable, rollback_plan
 from ckptfs.engine.seals import (
@@ -57,6 +57,7 @@ from ckptfs.engine.seals import (
     lineage,
     quarantine_target,
     read_seal,
+    rebuild_seal,
     write_seal,
 )
 from ckptfs.hashing import digest_fd
@@ -410,7 +411,7 @@ def finish_inflight(store: BackingStore, e: dict) -> bool:
             store.fsync_dir(parent(e["dst"]))
         return True
     if op in ("group_open", "group_seal", "group_forget", "group_trash", "group_restore"):
-        return True  # state-only entries (a seal's COMMIT is durable before its entry)
+        return True  # state-only entries (a seal's files are durable or rebuilt from its entry, G12)
     if op in ("group_quarantine", "group_retire"):
         move_group(store, e["path"], e["to"])
         return True
@@ -435,6 +436,7 @@ class RecoveryReport:
     aborts: list[dict] = field(default_factory=list)
     groups: dict[str, GroupState] = field(default_factory=dict)
     group_notes: list[str] = field(default_factory=list)
+    seals_rebuilt: list[str] = field(default_factory=list)  # G12: lazy seal files rewritten from the journal
     generations: dict[str, list[GenEntry]] = field(default_factory=dict)
     quarantine: qt.Table = field(default_factory=dict)  # what was moved out of sight (engine/quarantine.py)
     problems: list[str] = field(default_factory=list)  # untrusted metadata (metadata.py)
@@ -557,6 +559,33 @@ def adopt_carried(store: BackingStore, files: dict[str, FileRecord], suspect: li
     return adopted
 
 
+def rebuild_lazy_seals(store: BackingStore, r: Replayed, groups: dict[str, GroupState]) -> list[str]:
+    """G12: the seal files of groups first sealed since the last compaction were written unsynced;
+    rewrite any that a power loss took, byte-identical, from the journal (seals.rebuild_seal).  The
+    group's current seal only while it is still the one that entry made; its anchor always (a later
+    anchor came from a durable reseal, which drops the entry in replay).  Returns the groups rebuilt."""
+    by_id = {g.id: g for g in groups.values() if g.id}
+    out: list[str] = []
+    for gid, (entry, path, rule, members) in r.lazy_seals.items():
+        g = by_id.get(gid)
+        if g is None:
+            continue  # quarantined, retired or deleted since: its seal is not needed
+        current = g.state == SEALED and g.manifest_blake3 == entry.get("manifest")
+        which = (("",) if current else ()) + (("anchor",) if entry.get("anchor") else ())
+        if not which:
+            continue  # re-saved since, and this seal kept no anchor
+        try:
+            rewritten = rebuild_seal(store, gid, path, rule, members, entry, which)
+        except OSError as err:
+            log.error("group %s: could not rewrite its seal from the journal: %s", g.path, err)
+            continue
+        if rewritten:
+            out.append(g.path)
+            log.warning("group %s: seal files lost to the crash rewritten from the journal (%s)",
+                        g.path, ", ".join(w or "seal" for w in rewritten))
+    return out
+
+
 def _preserve(store: BackingStore, src: str, dst: str) -> None:
     """Copy damaged metadata aside for forensics (never renamed: stays idempotent)."""
     try:
@@ -640,6 +669,7 @@ def recover(store: BackingStore, journal: Journal | None = None, seal_parts: boo
     def persist() -> None:
         journal.compact(rep.files, rep.aborts, {p: g.to_json() for p, g in rep.groups.items()})
 
+    rep.seals_rebuilt = rebuild_lazy_seals(store, r, rep.groups)
     rep.group_notes = settle_groups(store, rep.files, rep.groups, rep.generations, journal, persist,
                                     rep.quarantine, seal_parts=seal_parts)
     persist()

@@ -265,6 +265,8 @@ BAD_VARIANTS = (
     "prefix_any",            # V2 wrong: whatever a killed writer wrote is committed (checkpoints too)
     "record_not_carried",    # install: no intent, and the record is not set on the staged file (R1 broken)
     "no_settle",             # install: no intent, and unsynced journal entries (a group opened) not settled
+    "seal_unsynced",         # G12: a first seal's journal entry appended without fdatasync
+    "seal_not_deferred",     # G12: a first seal's unsynced files not made durable before a compaction
 )
 
 
@@ -319,6 +321,15 @@ class BadCkptFS(CkptFS):
         super().__init__(*a, **kw)
         if self.variant == "prefix_any":
             self.vis.keeps_prefix = lambda v, head: True  # type: ignore[method-assign]
+        if self.variant == "seal_unsynced":
+            append = self.journal.append
+
+            def unsynced_seal(entry: dict, sync: bool = True) -> int:
+                return append(entry, sync=sync and entry.get("op") != "group_seal")
+
+            self.journal.append = unsynced_seal  # type: ignore[method-assign]
+        if self.variant == "seal_not_deferred":
+            self.journal.defer_durable = lambda names, directory: None  # type: ignore[method-assign]
 
 
 def bad_factory(variant: str) -> type[CkptFS]:
@@ -332,8 +343,10 @@ def bad_workload(variant: str) -> Workload:
     """The workload that exposes ``variant``: an overwrite (install defects) or pointer update."""
     if variant == "prefix_any":
         w = append_log()
-    elif variant == "no_settle":
+    elif variant in ("no_settle", "seal_unsynced"):
         w = group(steps=1)
+    elif variant == "seal_not_deferred":
+        w = dataclasses.replace(group(steps=2), fs_kwargs={"compact_every": 4})
     else:
         w = pointer_rotation(steps=1) if variant == "ns_no_dir_fsync" else overwrite(versions=2)
     return dataclasses.replace(w, name=f"{w.name}[bad:{variant}]", fs_factory=bad_factory(variant))

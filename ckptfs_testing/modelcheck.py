@@ -887,6 +887,7 @@ def inspect(root: str, inomap: dict[int, int]) -> tuple[dict[str, tuple], dict[s
         os_store.shutdown()
     if js.entries:
         problems.append(f"journal not empty after recovery ({len(js.entries)} entries)")
+    problems += seal_problems(root, js.groups)
     for path, rec in js.files.items():
         v = vis.get(path)
         if v is None or v[0] != "f":
@@ -897,6 +898,32 @@ def inspect(root: str, inomap: dict[int, int]) -> tuple[dict[str, tuple], dict[s
         if v[0] == "f" and path not in js.files:
             problems.append(f"{path} has no record")
     return vis, contents, problems, {p: (r.size, r.blake3, r.chunks, r.generation, r.ino) for p, r in js.files.items()}
+
+
+def seal_problems(root: str, groups: dict[str, dict]) -> list[str]:
+    """Every sealed group's seal verifies with the digest its state holds (G1), and was not rebuilt
+    from its files' own records (issue 25's path for seal records damaged by someone): a power loss
+    alone must never take a seal (engine/groups.py G12)."""
+    from ckptfs.engine.seals import SealError, read_seal
+
+    out: list[str] = []
+    os_store = OsBackingStore(root)
+    try:
+        for path, g in groups.items():
+            if g.get("state") != "sealed" or not g.get("id"):
+                continue
+            try:
+                manifest, digest = read_seal(os_store, g["id"])
+            except SealError as e:
+                out.append(f"sealed group {path}: {e}")
+                continue
+            if digest != g.get("manifest_blake3"):
+                out.append(f"sealed group {path}: manifest {digest} is not the recorded {g.get('manifest_blake3')}")
+            if str(manifest.get("lineage", {}).get("event", "")).startswith("recovery: seal records damaged"):
+                out.append(f"sealed group {path}: its seal was lost and rebuilt from its files' records")
+    finally:
+        os_store.shutdown()
+    return out
 
 
 def record_workload(w: Workload, scratch: str) -> tuple[list[tuple], AppOps]:

@@ -776,3 +776,81 @@ def test_a_tmp_file_added_to_a_sealed_group_does_not_reseal_it(mnt: Mount) -> No
         kill_if_running(w)
     wait_sealed(g)
     assert manifest_files(mnt, g) == ["model.pt", "model.pt.tmp", "optimizer.pt", "trainer_state.json"]
+
+
+def test_a_first_seal_lost_to_a_power_loss_is_rewritten_byte_identical_from_the_journal(tmp_path: Path) -> None:
+    """G12 (issue 27): a first seal writes its manifest, COMMIT and anchor without a sync of its
+    own; the journal's fdatasynced ``group_seal`` entry is the durable seal.  A power loss can take
+    those files (here: the daemon is killed, then they are removed from the backing directory, what
+    a power loss before the next compaction may leave); the remount rewrites them byte-identical from
+    the journal, with the digest it journaled, and never hides or re-hashes the group (issue 25's
+    rebuild from the files' own records is not used).  A clean unmount's compaction made them
+    durable first: there, the journal keeps no seal entry to rebuild from."""
+    d, b = tmp_path / "ckpts", tmp_path / "backing"
+    d.mkdir()
+    b.mkdir()
+    groups = b / META_DIR / "groups"
+    m = Mount(d, backing=b).start()
+    try:
+        save_hf_like(d, 1)
+        assert status(d / "checkpoint-1") == "sealed"
+        gid = json.loads(os.getxattr(d / "checkpoint-1", "user.ckptfs.group"))["id"]
+        names = [f"{gid}{s}" for s in (".manifest", ".commit", ".anchor.manifest", ".anchor.commit")]
+        before = {n: (groups / n).read_bytes() for n in names}
+        seal = [e for e in journal_ops(b) if e["op"] == "group_seal"]
+        assert len(seal) == 1 and seal[0]["lineage"]["step"] == 1 and seal[0]["anchor"] is True
+        m.kill()
+        for n in names:
+            (groups / n).unlink()
+        (groups / f"{gid}.anchor.commit").write_bytes(before[f"{gid}.anchor.commit"][:10])  # torn
+        m.start()
+        assert status(d / "checkpoint-1") == "sealed"
+        assert {n: (groups / n).read_bytes() for n in names} == before
+        log = (b / META_DIR / "daemon.log").read_text()
+        assert "rewritten from the journal" in log and "seal records damaged" not in log
+        assert torch.equal(torch.load(d / "checkpoint-1" / "model.pt")["w"], torch.full((64,), 1.0))
+        save_hf_like(d, 2)
+        assert status(d / "checkpoint-2") == "sealed"
+    finally:
+        m.stop()
+    assert not [e for e in journal_ops(b) if e["op"] == "group_seal"]  # compacted: files synced first
+
+
+def test_a_first_seal_costs_one_sync(tmp_path: Path) -> None:
+    """G12, counted: between the marker's install (its directory fsync) and the end of the seal the
+    daemon makes exactly one sync, the journal's fdatasync, where the seal used to make six
+    (manifest, ``groups``, COMMIT, ``groups``, journal, anchors' ``groups``).  A reseal of the same
+    group (a file added after the seal, G10) writes durably as before."""
+    from ckptfs.backing import OsBackingStore
+    from ckptfs.fs import CkptFS
+
+    store = OsBackingStore(str(tmp_path))
+    calls: list[str] = []
+    for name in ("fsync", "fdatasync", "fsync_dir"):
+        real = getattr(store, name)
+        setattr(store, name, lambda x, real=real, name=name: (calls.append(name), real(x))[1])
+    fs = CkptFS(store)
+
+    def save(path: str, data: bytes) -> None:
+        fh = fs.create(path, 0o644)
+        fs.write(fh, data, 0)
+        calls.append(f"close {path}")
+        fs.flush(fh)
+        fs.release(fh)
+
+    try:
+        for step in (2, 3):  # (the very first seal also makes .ckptfs/groups, once)
+            fs.mkdir(f"checkpoint-{step}", 0o755)
+            save(f"checkpoint-{step}/model.pt", b"m" * 100)
+            save(f"checkpoint-{step}/trainer_state.json", b"{}")
+            assert fs.groups[f"checkpoint-{step}"].state == "sealed"
+        last = calls[calls.index("close checkpoint-3/trainer_state.json") + 1:]
+        assert last == ["fsync", "fsync_dir", "fdatasync"], last  # data, its directory; the seal
+        save("checkpoint-3/rng.json", b"{}")  # added after the seal: a reseal (G10), durable
+        g = fs.groups["checkpoint-3"]
+        assert g.state == "sealed" and g.files == 3
+        last = calls[calls.index("close checkpoint-3/rng.json") + 1:]
+        assert last.count("fsync") >= 3 and "fdatasync" in last, last  # data, manifest, COMMIT; journal
+    finally:
+        fs.shutdown()
+        store.shutdown()

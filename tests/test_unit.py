@@ -327,3 +327,42 @@ def test_recovery_walks_for_carried_records_only_after_an_unclean_stop(tmp_path)
     _crash_without_done_records(tmp_path, fs)
     rep = recover(OsBackingStore(str(tmp_path)))
     assert rep.walked and rep.records_adopted == ["b.bin"]
+
+
+def test_an_unlink_outside_groups_costs_one_sync_and_its_entry_follows_it(tmp_path) -> None:
+    """I8 (issue 27): ``rm`` of a file outside groups and kept generations fsyncs its directory
+    once, then journals the unlink as done and unsynced (it was an intent + fdatasync, then the
+    directory fsync).  If a power loss drops that entry, recovery finds the file gone and drops its
+    record (shown here by recovering from a journal cut before it)."""
+    store = OsBackingStore(str(tmp_path))
+    calls: list[str] = []
+    for name in ("fsync", "fdatasync", "fsync_dir"):
+        real = getattr(store, name)
+        setattr(store, name, lambda x, real=real, name=name: (calls.append(name), real(x))[1])
+    fs = CkptFS(store, keep_generations=0)
+    try:
+        os.makedirs(tmp_path / "logs")
+        for i in range(3):
+            fh = fs.create(f"logs/{i}.txt", 0o644)
+            fs.write(fh, b"x" * 10, 0)
+            fs.flush(fh)
+            fs.release(fh)
+        size = fs.journal.size
+        calls.clear()
+        fs.unlink("logs/0.txt")
+        assert calls == ["fsync_dir"], calls
+        assert not (tmp_path / "logs/0.txt").exists() and "logs/0.txt" not in fs.records
+        frames, _ = decode_frames((tmp_path / ".ckptfs" / f"journal.{fs.journal.epoch}").read_bytes())
+        assert frames[-1]["op"] == "unlink" and frames[-1]["done"] is True
+        jpath = tmp_path / ".ckptfs" / f"journal.{fs.journal.epoch}"
+    finally:
+        fs.journal.close()
+        store.shutdown()
+    os.truncate(jpath, size)  # the power loss took the unsynced done entry
+    st = OsBackingStore(str(tmp_path))
+    try:
+        rep = recover(st)
+        assert "logs/0.txt" not in rep.files and "logs/0.txt" in rep.records_dropped
+        assert {"logs/1.txt", "logs/2.txt"} <= set(rep.files)
+    finally:
+        st.shutdown()

@@ -452,8 +452,26 @@ class CommitEngine:
         return failed
 
     # --------------------------------------------------------- namespace
-    def ns_op(self, entry: dict, do: Callable[[], None], dirs: list[str]) -> None:
-        """Journal ``entry``, perform ``do()``, fsync ``dirs``.  Holds commit_lock."""
+    def ns_op(self, entry: dict, do: Callable[[], None], dirs: list[str], after: bool = False) -> None:
+        """Journal ``entry``, perform ``do()``, fsync ``dirs``.  Holds commit_lock.
+
+        ``after`` (I8: an operation whose effect recovery reads from the disk alone, an unlink of a
+        file outside groups and kept generations): one sync, not two.  Entries owed are settled
+        first (as an install without intent does), then ``do()``, the directories fsynced, and the
+        entry appended afterwards as done and unsynced: a power loss that drops it leaves a disk on
+        which the operation is complete or never happened, and recovery drops the record of a file
+        that is gone (step 5)."""
+        if after:
+            if self.journal.settle():
+                self.stats["journal_settles"] += 1
+            do()
+            crashpoints.hit("ns_done")
+            for d in dict.fromkeys(dirs):
+                self.store.fsync_dir(d)
+            self.journal.append(dict(entry, done=True), sync=False)
+            self.stats["ns_ops"] += 1
+            self.stats["ns_ops_one_sync"] += 1
+            return
         mark = self.journal.append(entry)
         crashpoints.hit("ns_intent_logged")
         try:

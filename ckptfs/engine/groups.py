@@ -41,6 +41,15 @@ G10 A sealed group reopened only by *new* files (``late``) is resealed, with
 G11 A torn re-save of a sealed group is rolled back to its last seal when
     every file it replaced was kept as a generation (rollback.py); the re-save's
     files are kept in quarantine.  Otherwise it is quarantined whole (G7).
+G12 A group's first seal costs one sync: its manifest, COMMIT and anchor are
+    written and renamed unsynced, then the ``group_seal`` entry (the manifest's
+    digest, the lineage, the COMMIT's time) is appended with ``fdatasync``.
+    Until a compaction fsyncs those files (``Journal.defer_durable``, before the
+    snapshot that drops the entry), recovery rewrites any of them that does not
+    verify from the replayed journal, byte-identical (seals.rebuild_seal); a
+    power loss alone never leaves a seal for issue 25's rebuild from the files.
+    A reseal first makes deferred files durable and writes as before (manifest,
+    COMMIT: each fsynced, renamed, ``groups`` fsynced).
 """
 
 from __future__ import annotations
@@ -77,9 +86,12 @@ from ckptfs.engine.seals import (
     new_group_id,
     quarantine_target,
     remove_seal,
+    seal_names,
     write_seal,
+    write_seal_lazy,
 )
 from ckptfs.layout import (
+    GROUPS,
     TRASH,
     copy_owner_mode,
     drop_prefix,
@@ -156,6 +168,7 @@ class GroupEngine:
         # whether retention may delete a sealed group now (the mirror pins one whose remote COMMIT
         # is not confirmed yet: M4 in ckptfs/mirror); a pinned group is kept and counted
         self.may_retire: Callable[[GroupState], bool] = lambda g: True
+        self.lazy_seals = True  # G12 (the model checker's known-bad variants turn parts of it off)
 
     # ---------------------------------------------------------------- lookup
     def group_of(self, path: str) -> GroupState | None:
@@ -493,16 +506,26 @@ class GroupEngine:
                       g.created_at)
         lin["event"] = event
         manifest = build_manifest(g.id, g.path, g.rule, files, lin)
-        digest = write_seal(self.store, g.id, manifest)
-        crashpoints.hit("group_commit_written")
         now = time.time()
+        anchor = not g.late  # sealed by a completion event (or explicitly), not a reseal for added files
+        first = self.lazy_seals and not self.store.exists(f"{GROUPS}/{g.id}.commit")
+        if first:  # G12: one sync, the journal's
+            digest = write_seal_lazy(self.store, g.id, manifest, now, anchor)
+        else:
+            self.journal.make_deferred_durable()  # the previous seal's files: linked as .prev below
+            digest = write_seal(self.store, g.id, manifest)
+        crashpoints.hit("group_commit_written")
         nbytes = sum(r.size for r in files.values())
         seal_entry: dict[str, Any] = {"op": "group_seal", "path": g.path, "manifest": digest, "time": now,
                                       "files": len(files), "bytes": nbytes}
         if event.startswith("marker "):
             g.marker = seal_entry["marker"] = event.split()[1]
+        if first:
+            seal_entry.update(lineage=lin, anchor=anchor, rule=g.rule)  # (the rule can change unjournaled)
         self.journal.append(seal_entry)
-        if not g.late:  # sealed by a completion event (or explicitly), not a reseal for added files
+        if first:
+            self.journal.defer_durable(seal_names(g.id, anchor), GROUPS)
+        elif anchor:
             keep_anchor(self.store, g.id)
         g.state, g.manifest_blake3, g.sealed_at = SEALED, digest, now
         g.files, g.bytes, g.seal_requested, g.late, g.reason = len(files), nbytes, "", False, ""
@@ -756,6 +779,7 @@ class GroupEngine:
         if plan is None:
             self._quarantine(g, TORN, reason)
             return
+        self.journal.make_deferred_durable()  # an anchor this plan links back (G12)
         make_durable(self.store)
         mark = self.journal.append(plan)
         crashpoints.hit("rollback_logged")

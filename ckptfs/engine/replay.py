@@ -43,12 +43,29 @@ class Replayed:
     problems: list[str] = field(default_factory=list)
     held: dict | None = None  # the last entry, when ``last="hold"``
     applied: int = 0
+    # group id -> (its first seal's entry, group path, rule, member records then): what recovery
+    # needs to rewrite seal files written unsynced (engine/groups.py G12); a later durable reseal of
+    # the group drops it
+    lazy_seals: dict[str, tuple[dict, str, str, dict[str, FileRecord]]] = field(default_factory=dict)
 
     def apply(self, e: dict) -> None:
         """Apply one entry to the records, groups, quarantine table and generations."""
         apply_entry(self.files, e, self.groups, self.quarantine)
         apply_gen_entry(self.gens, e)
+        if e["op"] == "group_seal":
+            self._note_seal(e)
         self.applied += 1
+
+    def _note_seal(self, e: dict) -> None:
+        g = self.groups.get(e["path"])
+        if g is None or not g.id:
+            return
+        if "lineage" not in e:
+            self.lazy_seals.pop(g.id, None)  # a durable reseal: made the lazy files durable first
+            return
+        pre = g.path + "/"
+        members = {k[len(pre):]: r for k, r in self.files.items() if k.startswith(pre)}
+        self.lazy_seals[g.id] = (e, g.path, str(e.get("rule", g.rule)), members)
 
 
 def load_groups(raw: dict[str, dict], problems: list[str]) -> dict[str, GroupState]:
@@ -130,7 +147,7 @@ def apply_group_entry(files: dict[str, FileRecord], groups: dict[str, GroupState
         g = groups.get(e["path"])
         if g is not None:
             g.state, g.manifest_blake3 = SEALED, e["manifest"]
-            g.marker = str(e.get("marker", g.marker))
+            g.marker, g.rule = str(e.get("marker", g.marker)), str(e.get("rule", g.rule))
             g.sealed_at, g.files, g.bytes = float(e.get("time", 0)), int(e.get("files", 0)), int(e.get("bytes", 0))
             g.reason = ""
     elif op in ("group_quarantine", "group_retire"):

@@ -8,16 +8,23 @@ On disk (plain files, readable without a daemon)::
 ``<id>`` is the group's identity, fixed when the group opens and journaled;
 the journal/snapshot map paths to ids, so renaming a sealed group (or a
 directory above it) needs no new COMMIT.  Both files are written to a
-temporary name, fsynced and renamed; the COMMIT is renamed only after the
-manifest is durable, and the ``groups`` directory is fsynced after each rename.
+temporary name and renamed.  A group's first seal writes them without a sync of their own
+(:func:`write_seal_lazy`): the journal's ``group_seal`` entry, appended with ``fdatasync``, is the
+durable seal, and it holds what the files hold beyond the members' records (the lineage and the
+COMMIT's time), so recovery rewrites byte-identical files from the replayed journal
+(:func:`rebuild_seal`, the digest checked) until a compaction, which fsyncs them first
+(``Journal.defer_durable``), drops the entries.  A reseal (:func:`write_seal`) keeps the previous
+seal under second names and writes durably: manifest fsynced and renamed, ``groups`` fsynced, then
+the COMMIT the same way.
 
 Invariants:
 
 G1  A group is *sealed* iff its COMMIT parses, names the group's id, and
     its digest equals blake3 of the manifest bytes; anything else is torn
     (no COMMIT) or corrupt (a COMMIT that does not match).
-G2  A COMMIT is durable before any later operation (a pointer naming the
-    group, a deletion of an older group) is journaled.
+G2  A seal is durable before any later operation (a pointer naming the
+    group, a deletion of an older group) is journaled: its ``group_seal`` entry is
+    fdatasynced, and its files are durable or rebuildable from the journal (G12).
 G3  A sealed group's manifest lists every file under the group directory
     with the record it had when sealed.
 """
@@ -133,9 +140,10 @@ def build_manifest(gid: str, path: str, rule: str, files: dict[str, FileRecord],
     return json.dumps(doc, sort_keys=True, indent=1).encode()
 
 
-def build_commit(gid: str, manifest: bytes) -> bytes:
+def build_commit(gid: str, manifest: bytes, sealed_at: float | None = None) -> bytes:
     doc = {"format": MANIFEST_FORMAT, "kind": "ckptfs-commit", "id": gid,
-           "manifest_blake3": blake3.blake3(manifest).hexdigest(), "sealed_at": time.time()}
+           "manifest_blake3": blake3.blake3(manifest).hexdigest(),
+           "sealed_at": time.time() if sealed_at is None else sealed_at}
     return json.dumps(doc, sort_keys=True).encode()
 
 
@@ -180,7 +188,82 @@ def write_seal(store: BackingStore, gid: str, manifest: bytes) -> str:
     return json.loads(commit)["manifest_blake3"]
 
 
-def keep_anchor(store: BackingStore, gid: str) -> None:
+SEAL_SUFFIXES = (".manifest", ".commit")
+
+
+def seal_names(gid: str, anchor: bool) -> list[str]:
+    """The files a lazy first seal of ``gid`` writes (with ``anchor``: its anchor names too)."""
+    names = [f"{GROUPS}/{gid}{s}" for s in SEAL_SUFFIXES]
+    return names + [f"{GROUPS}/{gid}.anchor{s}" for s in SEAL_SUFFIXES] if anchor else names
+
+
+def _write_named(store: BackingStore, name: str, data: bytes, mode: int = 0o644) -> None:
+    """``name`` holds ``data`` (written to ``name.tmp`` and renamed; nothing synced)."""
+    tmp = name + ".tmp"
+    if store.exists(tmp):
+        store.unlink(tmp)  # a second name of a file a power loss left (never write through it)
+    fd = store.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        off = 0
+        while off < len(data):
+            off += store.pwrite(fd, data[off:], off)
+    finally:
+        store.close(fd)
+    store.rename(tmp, name)
+
+
+def write_seal_lazy(store: BackingStore, gid: str, manifest: bytes, sealed_at: float, anchor: bool) -> str:
+    """A group's first seal (G12): manifest, then COMMIT (then, ``anchor``, both linked as the
+    anchor), written and renamed without a sync.  The caller journals the ``group_seal`` entry with
+    ``fdatasync`` right after (the durable seal) and defers these files' durability to the next
+    compaction; until then recovery rebuilds them (:func:`rebuild_seal`).  Returns the digest."""
+    if not store.exists(GROUPS):
+        store.mkdir(GROUPS, 0o700)
+        store.fsync_dir(META_DIR)
+    _write_named(store, f"{GROUPS}/{gid}.manifest", manifest)
+    _write_named(store, f"{GROUPS}/{gid}.commit", build_commit(gid, manifest, sealed_at))
+    if anchor:
+        keep_anchor(store, gid, sync=False)
+    return blake3.blake3(manifest).hexdigest()
+
+
+def rebuild_seal(store: BackingStore, gid: str, path: str, rule: str, files: dict[str, FileRecord],
+                 entry: dict[str, Any], which: tuple[str, ...] = ("",)) -> list[str]:
+    """G12: rewrite, durably, the seal files of ``gid`` named by ``which`` ("" its seal, "anchor"
+    its anchor) from its journaled ``group_seal`` ``entry`` (lineage, time, digest) and its
+    members' records at that entry (``files``, relative paths), where they do not verify against
+    the entry's digest (lost to a power loss before the compaction that would have synced them).
+    Only a manifest whose blake3 is the journaled digest is written, so the files are
+    byte-identical to the lost ones.  Returns which were rewritten."""
+    want = entry.get("manifest")
+    lin = entry.get("lineage")
+    if not isinstance(lin, dict) or not isinstance(want, str):
+        return []
+    todo = []
+    for w in which:
+        try:
+            _m, got = read_seal(store, gid, w)
+        except SealError:
+            got = ""
+        if got != want:
+            todo.append(w)
+    if not todo:
+        return []
+    manifest = build_manifest(gid, path, rule, files, lin)
+    if blake3.blake3(manifest).hexdigest() != want:
+        return []
+    commit = build_commit(gid, manifest, float(entry.get("time", 0)))
+    if not store.exists(GROUPS):
+        store.mkdir(GROUPS, 0o700)
+        store.fsync_dir(META_DIR)
+    for w in todo:
+        key = f"{gid}.{w}" if w else gid
+        write_durable(store, f"{GROUPS}/{key}.manifest", manifest)
+        write_durable(store, f"{GROUPS}/{key}.commit", commit)
+    return todo
+
+
+def keep_anchor(store: BackingStore, gid: str, sync: bool = True) -> None:
     """After a seal by a completion event: keep it as ``<id>.anchor.*``, the rollback target of last
     resort (G11).  Reseals for files added later (G10) leave the anchor alone, so a re-save that
     first added its tmp files still finds the checkpoint as the framework completed it."""
@@ -190,7 +273,8 @@ def keep_anchor(store: BackingStore, gid: str) -> None:
             store.unlink(dst + ".tmp")
         store.link(src, dst + ".tmp")
         store.rename(dst + ".tmp", dst)
-    store.fsync_dir(GROUPS)
+    if sync:
+        store.fsync_dir(GROUPS)
 
 
 def remove_seal(store: BackingStore, gid: str) -> None:

@@ -132,6 +132,11 @@ class Journal:
         # group opened, an abort...): every entry but an install's own ``done`` record, whose file
         # carries the record (engine/commit.py step 6, recovery R1)
         self.owed = False
+        # files written unsynced whose content the journal's entries since the snapshot can rebuild
+        # (a first seal's manifest/COMMIT, engine/groups.py G12), and their directories: made durable
+        # before a compaction drops those entries (:meth:`make_deferred_durable`)
+        self.deferred: dict[str, None] = {}
+        self.deferred_dirs: dict[str, None] = {}
         # extra top-level snapshot keys (e.g. kept generations); set by the owner
         self.extra_state: Callable[[], dict[str, Any]] | None = None
 
@@ -226,6 +231,42 @@ class Journal:
             self.owed = False
             return True
 
+    def defer_durable(self, names: list[str], directory: str) -> None:
+        """``names`` (in ``directory``) were written unsynced and the entries since the snapshot can
+        rebuild them: fsync them (and ``directory``) before those entries are compacted away."""
+        with self._lock:
+            for n in names:
+                self.deferred[n] = None
+            self.deferred_dirs[directory] = None
+
+    def make_deferred_durable(self) -> int:
+        """fsync every deferred file still there, then their directories; how many files.  Before a
+        compaction, and before anything links or renames one of them (a reseal's ``.prev``, a
+        rollback to an anchor).  An error leaves them deferred and propagates (never retried as
+        if durable)."""
+        with self._lock:
+            names, dirs = list(self.deferred), list(self.deferred_dirs)
+        n = 0
+        for name in names:
+            try:
+                fd = self.store.open(name, os.O_RDONLY)
+            except FileNotFoundError:
+                continue  # removed since (a quarantined or deleted group's seal)
+            try:
+                self.store.fsync(fd)
+                n += 1
+            finally:
+                self.store.close(fd)
+        for d in dirs:
+            if self.store.exists(d):
+                self.store.fsync_dir(d)
+        with self._lock:
+            for name in names:
+                self.deferred.pop(name, None)
+            for d in dirs:
+                self.deferred_dirs.pop(d, None)
+        return n
+
     def _cut(self, size: int) -> None:
         try:
             self.store.ftruncate(self.fd, size)  # type: ignore[arg-type]
@@ -257,6 +298,7 @@ class Journal:
         until the new snapshot's rename is durable the old snapshot + journal
         stay authoritative; afterwards the old journal is ignored.
         """
+        self.make_deferred_durable()  # the entries that could rebuild them go with this compaction
         new_epoch = self.epoch + 1
         snap = {
             "format": FORMAT,
