@@ -23,11 +23,17 @@ I3  A version closed by a process dying of a signal, unlinked while open, or
 I4  Internal metadata (``.ckptfs``) is invisible and unreachable via the mount.
 I5  Lock order: ``commit_lock`` before ``lock``; never block on disk while
     holding ``lock`` (it guards the in-memory tables only; tests/test_arch_defects.py).
-I8  An unlink of a file outside groups and kept generations costs one sync: entries owed
-    are settled, the name removed, its directory fsynced, then the entry appended done
-    and unsynced (``CommitEngine.ns_op(after=True)``): recovery reads an unlink from the
-    disk alone, so losing that entry loses nothing (I2 holds: the unlink is durable
-    before anything after it is journaled).
+I8  A namespace change that is one change of one name, and that recovery reads from the
+    disk alone, costs one sync: an unlink of a file outside groups and kept generations, a
+    mkdir, an rmdir of a directory that is no group.  Entries owed are settled, the change
+    made, its directory fsynced, then its entry appended done and unsynced
+    (``CommitEngine.ns_op(after=True)``).  A power loss before the fsync leaves the name as
+    it was or as changed (the operation was not acknowledged); after it, the change is on
+    disk, and recovery drops the record of a file that is gone.  I2 holds: the change is
+    durable before anything after it is journaled.  A rename keeps its synced intent: it is
+    two changes, and a power loss can leave the file under both names, which only the
+    intent lets recovery undo (the model checker's ``pointer_rotation`` under *weak* finds
+    the left-over ``latest.tmp`` without it).
 """
 
 from __future__ import annotations
@@ -1684,7 +1690,7 @@ class CkptFS:
                 self._set_new_owner(path, caller)
 
             self.grp.note_mkdir(path, caller.pid)
-            self.commit.ns_op({"op": "mkdir", "path": path, "mode": mode}, do, [parent(path)])
+            self.commit.ns_op({"op": "mkdir", "path": path, "mode": mode}, do, [parent(path)], after=True)  # I8
 
     def rmdir(self, path: str) -> None:
         path = self.norm(path)
@@ -1698,7 +1704,9 @@ class CkptFS:
                 raise _err(errno.ENOTDIR)
             if self.store.listdir(path):
                 raise _err(errno.ENOTEMPTY)
-            self.commit.ns_op({"op": "rmdir", "path": path}, lambda: self.store.rmdir(path), [parent(path)])
+            plain = path not in self.groups and self.grp.group_of(path) is None  # I8
+            self.commit.ns_op({"op": "rmdir", "path": path}, lambda: self.store.rmdir(path), [parent(path)],
+                              after=plain)
             self.grp.forget_dir(path)
             self.grp.deletion_done(path)
 
@@ -1960,7 +1968,7 @@ class CkptFS:
                             self.gens.unlink_quiet(keep)
                         raise
 
-                self.commit.ns_op(entry, do, dirs)
+                self.commit.ns_op(entry, do, dirs)  # (not I8: a rename is two changes, see there)
                 if is_dir:  # (a file is never a group nor holds one)
                     self.grp.renamed(old, new)
             with self.lock:

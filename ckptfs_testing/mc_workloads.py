@@ -307,8 +307,8 @@ class BadCommit(CommitEngine):
         if self.variant == "rename_before_fsync":
             self.store.fsync(v.fd)  # the data only after the rename (and its directory) are durable
 
-    def ns_op(self, entry: dict, do, dirs: list[str]) -> None:  # type: ignore[no-untyped-def]
-        super().ns_op(entry, do, [] if self.variant == "ns_no_dir_fsync" else dirs)
+    def ns_op(self, entry: dict, do, dirs: list[str], after: bool = False) -> None:  # type: ignore[no-untyped-def]
+        super().ns_op(entry, do, [] if self.variant == "ns_no_dir_fsync" else dirs, after)
 
 
 class BadCkptFS(CkptFS):

@@ -332,8 +332,9 @@ def test_recovery_walks_for_carried_records_only_after_an_unclean_stop(tmp_path)
 def test_an_unlink_outside_groups_costs_one_sync_and_its_entry_follows_it(tmp_path) -> None:
     """I8 (issue 27): ``rm`` of a file outside groups and kept generations fsyncs its directory
     once, then journals the unlink as done and unsynced (it was an intent + fdatasync, then the
-    directory fsync).  If a power loss drops that entry, recovery finds the file gone and drops its
-    record (shown here by recovering from a journal cut before it)."""
+    directory fsync); so do a ``mkdir`` and an ``rmdir`` of a directory that is no group.  If a
+    power loss drops those entries, recovery finds the file gone and drops its record (shown here
+    by recovering from a journal cut before them)."""
     store = OsBackingStore(str(tmp_path))
     calls: list[str] = []
     for name in ("fsync", "fdatasync", "fsync_dir"):
@@ -355,6 +356,10 @@ def test_an_unlink_outside_groups_costs_one_sync_and_its_entry_follows_it(tmp_pa
         frames, _ = decode_frames((tmp_path / ".ckptfs" / f"journal.{fs.journal.epoch}").read_bytes())
         assert frames[-1]["op"] == "unlink" and frames[-1]["done"] is True
         jpath = tmp_path / ".ckptfs" / f"journal.{fs.journal.epoch}"
+        for op in (lambda: fs.mkdir("logs/sub", 0o755), lambda: fs.rmdir("logs/sub")):  # one sync each too
+            calls.clear()
+            op()
+            assert calls == ["fsync_dir"], calls  # (their done entries are lost below as well)
     finally:
         fs.journal.close()
         store.shutdown()

@@ -455,8 +455,8 @@ class CommitEngine:
     def ns_op(self, entry: dict, do: Callable[[], None], dirs: list[str], after: bool = False) -> None:
         """Journal ``entry``, perform ``do()``, fsync ``dirs``.  Holds commit_lock.
 
-        ``after`` (I8: an operation whose effect recovery reads from the disk alone, an unlink of a
-        file outside groups and kept generations): one sync, not two.  Entries owed are settled
+        ``after`` (I8 in fs.py: an operation whose effect recovery reads from the disk alone, e.g.
+        an unlink of a file outside groups and kept generations): one sync, not two.  Entries owed are settled
         first (as an install without intent does), then ``do()``, the directories fsynced, and the
         entry appended afterwards as done and unsynced: a power loss that drops it leaves a disk on
         which the operation is complete or never happened, and recovery drops the record of a file
