@@ -34,7 +34,7 @@ from pathlib import Path
 
 from .common import CKPTFS, MODES, MOUNTS, ROOT, Mount, daemon, fsync_path
 from .report import write_markdown
-from .workloads import raw_disk, stream_write, tools, tools_prepare, w1, w2, w3, w4, w5, w5_prepare, w7
+from .workloads import pairs, raw_disk, stream_write, tools, tools_prepare, w1, w2, w3, w4, w5, w5_prepare, w7
 
 WORKLOADS = ("raw", "W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8")
 W7_MODES = ("atomic_dirsync", *CKPTFS)  # the native atomic writer, then the same writer through each mount
@@ -118,6 +118,8 @@ def run(a: argparse.Namespace, base: Path) -> dict:
                     if aw:
                         fsync_path(base / m, directory=True)  # drain the async backlog, untimed
                 print(f"rep {rep} {m}: " + _progress(r), flush=True)
+        if "W2" in on and "W3" in on and a.pairs:
+            res["pairs"] = pairs(base, sd, buf, a.pairs, max(a.shards))  # type: ignore[arg-type]
         del buf, sd
         res["w5"] = {m: w5(base / m / "w5", a.w5_rounds, xattr=m in CKPTFS)
                      for m in ("unsafe", *CKPTFS)} if "W5" in on else {}
@@ -191,18 +193,29 @@ def main() -> None:
                     help="kernel transport's cache timeout, seconds (default: the daemon's own)")
     ap.add_argument("--only", type=_only, default=list(WORKLOADS),
                     help="comma-separated subset of " + ",".join(WORKLOADS) + " (W8 = tools); default all")
+    ap.add_argument("--pairs", type=int, default=5,
+                    help="W2/W3 back-to-back native/ckptfs pairs (issue 27's bulk measure; 0: none)")
+    ap.add_argument("--no-ledger", action="store_true", help="skip the per-operation ledger (bench.ledger)")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (CI)")
     ap.add_argument("--dir", default=None, help="backing filesystem to test (default: a temp dir)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "performance.md"))
     a = ap.parse_args()
     if a.smoke:
         a.groups, a.size_mib, a.shards, a.reps, a.w5_rounds, a.w6_mib = 10, 8, [4, 16], 1, 1, 16
-        a.tool_dirs, a.tool_files = 2, 50
+        a.tool_dirs, a.tool_files, a.pairs = 2, 50, 2
     base = Path(tempfile.mkdtemp(prefix="ckptfs-bench-", dir=a.dir))
     try:
         res = run(a, base)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+    if not a.no_ledger and not a.smoke and shutil.which("strace"):
+        from .ledger import measure  # the same run's exact counts (issue 27: targets in counts)
+
+        lbase = Path(tempfile.mkdtemp(prefix="ckptfs-ledger-", dir=a.dir))
+        try:
+            res["ledger"] = measure(lbase)
+        finally:
+            shutil.rmtree(lbase, ignore_errors=True)
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(res, indent=1))

@@ -268,3 +268,35 @@ def raw_disk(d: Path, size_mib: int) -> dict[str, float]:
             out[label] = size_mib * (1 << 20) / float(m.group(1)) / 1e6
         f.unlink(missing_ok=True)
     return out
+
+
+def disk_probe(d: Path, mib: int = 64) -> float:
+    """The disk's state right now: MB/s of a ``mib`` MiB buffered write + fdatasync (dd).  The disk
+    of this machine kind switches between two speeds; each W2/W3 pair records it."""
+    return raw_disk(d, mib).get("dd_fdatasync_MBps", float("nan"))
+
+
+def pairs(base: Path, sd: dict, buf: memoryview, n: int, shards: int) -> list[dict[str, float]]:
+    """Issue 27's bulk-save measure: ``n`` back-to-back native/ckptfs pairs of W2 (sync: ckptfs-sync
+    durable against native atomic_dirsync; async: ckptfs-async's stall against native unsafe) and
+    of W3 with ``shards`` shards (sync), the order inside a pair alternating, the disk probed
+    before each pair.  Returns one dict per pair."""
+    out = []
+    for i in range(n):
+        row: dict[str, float] = {"disk_MBps": disk_probe(base / "atomic_dirsync")}
+        for ref, mine, aw, key in (("atomic_dirsync", "ckptfs-sync", False, "durable_s"),
+                                   ("unsafe", "ckptfs-async", True, "stall_s")):
+            for m in ((ref, mine) if i % 2 == 0 else (mine, ref)):
+                d = base / m / f"pair{i}"
+                d.mkdir()
+                x = w2(d, sd, "ckptfs" if m == mine else m, aw)
+                row[f"w2_{m}_{key if m == mine else 'durable_s'}"] = x[key if m == mine else "durable_s"]
+                os.unlink(d / "model.pt")
+                if aw:
+                    fsync_path(d, directory=True)  # the async backlog drained, untimed
+        for m in (("atomic_dirsync", "ckptfs-sync") if i % 2 == 0 else ("ckptfs-sync", "atomic_dirsync")):
+            d = base / m / f"pair{i}"
+            row[f"w3_{m}_s"] = w3(d, buf, shards, "ckptfs" if m == "ckptfs-sync" else m, False)
+        out.append(row)
+        print(f"pair {i}: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items()), flush=True)
+    return out

@@ -68,7 +68,7 @@ from ckptfs.layout import COMMITTED_VIEW, move_prefix, parent, space_held, swap_
 from ckptfs.log.journal import COMPACT_EVERY, Journal
 from ckptfs.records import FileRecord
 from ckptfs.recovery import recover
-from ckptfs.rules import RuleSet
+from ckptfs.rules import TEMP_OF_RE, RuleSet
 from ckptfs.xattrs import (
     PREFIX,
     VALUE_MAX,
@@ -621,7 +621,9 @@ class CkptFS:
         if not self.write_passthrough:
             return None
         h = self.handles.get(fh)
-        if h is None or not h.writable or h.appending or not h.published or not self.isolates(h.path):
+        if h is None or not h.writable or h.appending or not h.published:
+            return None
+        if not self.isolates(h.path) and not self._temp_of_checkpoint(h.path):
             return None
         v = h.version
         with self.lock:
@@ -633,6 +635,14 @@ class CkptFS:
             self.stats["passthrough_writers_low_space"] += 1
             return None  # W3: the daemon sees every write (and its ENOSPC) where space is short
         return v.fd
+
+    def _temp_of_checkpoint(self, path: str) -> bool:
+        """Whether ``path`` is an already-atomic writer's temporary file of a checkpoint file
+        (``model.pt.tmp``, renamed over ``model.pt`` once written): its bulk writes go through
+        writer passthrough too (issue 27).  It is not isolated (V1: not a checkpoint name), so other
+        processes read its staged bytes through the daemon as it is written, as natively."""
+        m = TEMP_OF_RE.fullmatch(os.path.basename(path))
+        return m is not None and self.vis.checkpoint_file(os.path.join(parent(path), m.group(1)))
 
     def _space(self) -> tuple[int, int]:
         """(bytes free, size) of the backing filesystem (as root writes: f_bfree)."""

@@ -44,6 +44,10 @@ def test_bench_smoke(tmp_path) -> None:
     assert _rows(text, "## W8") == ["native", *CKPTFS]
     assert _rows(text, "## W8 durable") == ["native + per-file durability", *CKPTFS]
     assert "W7 p99 ms" in text and "W8 git add -A s" in text and "W5 getxattr/s" in text
+    t27 = _rows(text, "## Targets (issue 27")  # every issue-27 target this run measures (the ledger: not in smoke)
+    assert "W2 sync durable / native atomic (median of pairs)" in t27 and "async rm -rf / native" in t27
+    assert "open+close per second (sync)" in t27 and "sync tar xf / native + per-file durability" in t27
+    assert _rows(text, "## Pairs")[-1] == "median of ratios"
     res = json.loads((tmp_path / "perf.json").read_text())
     for m in MODES:
         assert len(res["modes"][m]["w1"]) == 10 and len(res["modes"][m]["w2"]) == 1
@@ -54,6 +58,7 @@ def test_bench_smoke(tmp_path) -> None:
     assert len(res["modes"]["atomic_dirsync"]["tools_durable"]) == 1
     assert set(res["modes"]["atomic_dirsync"]["tools_durable"][0]) == TOOLS
     assert res["tools_files"] == 100
+    assert len(res["pairs"]) == 2 and all(len(p) == 7 and p["disk_MBps"] > 0 for p in res["pairs"])
     assert set(res["w5"]) == {"unsafe", *CKPTFS}
     assert "getxattr_ops" not in res["w5"]["unsafe"] and all("getxattr_ops" in res["w5"][m] for m in CKPTFS)
     assert set(res["w6"]) == set(CKPTFS)
