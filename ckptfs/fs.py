@@ -30,10 +30,13 @@ I8  A namespace change that is one change of one name, and that recovery reads f
     (``CommitEngine.ns_op(after=True)``).  A power loss before the fsync leaves the name as
     it was or as changed (the operation was not acknowledged); after it, the change is on
     disk, and recovery drops the record of a file that is gone.  I2 holds: the change is
-    durable before anything after it is journaled.  A rename keeps its synced intent: it is
-    two changes, and a power loss can leave the file under both names, which only the
-    intent lets recovery undo (the model checker's ``pointer_rotation`` under *weak* finds
-    the left-over ``latest.tmp`` without it).
+    durable before anything after it is journaled.  A rename is two changes: a power loss
+    can leave the file under both names, which recovery must undo.  Only a rename of a
+    temporary name over the name it stands for, in one directory, outside groups and kept
+    generations (``model.pt.tmp`` -> ``model.pt``, ``latest.tmp`` -> ``latest``) is I8:
+    recovery recognizes that pair on the disk (R2, ``recovery.finish_temp_renames``).  Any
+    other rename keeps its synced intent (without it the model checker's
+    ``pointer_rotation`` under *weak* finds a left-over ``latest.tmp``).
 """
 
 from __future__ import annotations
@@ -621,9 +624,7 @@ class CkptFS:
         if not self.write_passthrough:
             return None
         h = self.handles.get(fh)
-        if h is None or not h.writable or h.appending or not h.published:
-            return None
-        if not self.isolates(h.path) and not self._temp_of_checkpoint(h.path):
+        if h is None or not h.writable or h.appending or not h.published or not self.isolates(h.path):
             return None
         v = h.version
         with self.lock:
@@ -636,13 +637,16 @@ class CkptFS:
             return None  # W3: the daemon sees every write (and its ENOSPC) where space is short
         return v.fd
 
-    def _temp_of_checkpoint(self, path: str) -> bool:
-        """Whether ``path`` is an already-atomic writer's temporary file of a checkpoint file
-        (``model.pt.tmp``, renamed over ``model.pt`` once written): its bulk writes go through
-        writer passthrough too (issue 27).  It is not isolated (V1: not a checkpoint name), so other
-        processes read its staged bytes through the daemon as it is written, as natively."""
-        m = TEMP_OF_RE.fullmatch(os.path.basename(path))
-        return m is not None and self.vis.checkpoint_file(os.path.join(parent(path), m.group(1)))
+    @staticmethod
+    def _temp_rename(old: str, new: str) -> bool:
+        """Whether renaming ``old`` over ``new`` puts a temporary file in place of the name it stands
+        for, in one directory (``model.pt.tmp`` -> ``model.pt``, ``latest.tmp`` -> ``latest``): then a
+        power loss that leaves the file under both names is recognized by recovery from the disk
+        alone (R2, recovery.finish_temp_renames), and the rename needs no synced intent (I8)."""
+        if parent(old) != parent(new):
+            return False
+        m = TEMP_OF_RE.fullmatch(os.path.basename(old))
+        return m is not None and m.group(1) == os.path.basename(new)
 
     def _space(self) -> tuple[int, int]:
         """(bytes free, size) of the backing filesystem (as root writes: f_bfree)."""
@@ -1978,7 +1982,10 @@ class CkptFS:
                             self.gens.unlink_quiet(keep)
                         raise
 
-                self.commit.ns_op(entry, do, dirs)  # (not I8: a rename is two changes, see there)
+                plain = (not is_dir and keep is None and self._temp_rename(old, new)  # I8 + R2
+                         and self.grp.group_of(old) is None and self.grp.group_of(new) is None
+                         and not self.gens.of(old) and not self.gens.of(new))
+                self.commit.ns_op(entry, do, dirs, after=plain)
                 if is_dir:  # (a file is never a group nor holds one)
                     self.grp.renamed(old, new)
             with self.lock:

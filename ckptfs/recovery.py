@@ -77,6 +77,7 @@ from ckptfs.layout import (
 from ckptfs.log.journal import Journal, read_whole
 from ckptfs.log.metadata import load_trusted
 from ckptfs.records import XATTR, FileRecord, from_xattr
+from ckptfs.rules import TEMP_OF_RE
 
 log = logging.getLogger("ckptfs.recovery")
 
@@ -437,6 +438,7 @@ class RecoveryReport:
     groups: dict[str, GroupState] = field(default_factory=dict)
     group_notes: list[str] = field(default_factory=list)
     seals_rebuilt: list[str] = field(default_factory=list)  # G12: lazy seal files rewritten from the journal
+    renames_finished: list[str] = field(default_factory=list)  # R2: temporary names of interrupted renames
     generations: dict[str, list[GenEntry]] = field(default_factory=dict)
     quarantine: qt.Table = field(default_factory=dict)  # what was moved out of sight (engine/quarantine.py)
     problems: list[str] = field(default_factory=list)  # untrusted metadata (metadata.py)
@@ -507,26 +509,56 @@ def carried_instead(store: BackingStore, path: str, rec: FileRecord, st: os.stat
                     owner: dict[int, str], files: dict[str, FileRecord]) -> FileRecord | None:
     """The record the inode at ``path`` carries, where it and not the journal's ``rec`` describes
     that inode: an inode is installed once, so a carried record that differs from ``rec`` and is
-    not the record of the path owning that inode number (``owner``: a file moved or swapped
-    offline, left suspect) means ``rec`` is stale (a later install's done entry was lost, the inode
+    not the record of the path owning that inode number while that path still holds it or holds
+    ``rec``'s inode (``owner``: a second name, files swapped offline: left suspect) means ``rec``
+    is stale (a later install's done entry was lost, the inode
     number reused).  None otherwise.  For paths :func:`classify` does not find ``ok``."""
     got = carried_record(store, path)
     if got is None or got[0] == rec:
         return None
     other = owner.get(st.st_ino)
     if other is not None and other != path and files.get(other) == got[0]:
-        return None
-    return got[0]
+        try:
+            there = store.lstat(other).st_ino
+        except OSError:
+            there = None
+        if there in (st.st_ino, rec.ino):
+            return None  # a second name of it, or the two swapped: suspect
+    return got[0]  # moved here, its old name gone or reused (a rename whose done entry was lost: R2)
 
 
-def adopt_carried(store: BackingStore, files: dict[str, FileRecord], suspect: list[str] | None = None) -> list[str]:
+def _finish_unrecorded_temp(store: BackingStore, d: str, name: str) -> bool:
+    """R2 for a temporary name no record names: if the name it stands for, beside it, is the same
+    inode, the rename between them was cut by a power loss after its new name persisted: remove the
+    temporary name (the other keeps the file and gets its carried record)."""
+    target = _temp_target(name)
+    if target is None:
+        return False
+    pre = d + "/" if d else ""
+    try:
+        st = store.lstat(pre + name)
+        if st.st_nlink < 2 or store.lstat(pre + target).st_ino != st.st_ino:
+            return False
+    except OSError:
+        return False
+    store.unlink(pre + name)
+    store.fsync_dir(d)
+    log.warning("recovery: %s was being renamed over %s when the daemon stopped: finished", pre + name,
+                pre + target)
+    return True
+
+
+def adopt_carried(store: BackingStore, files: dict[str, FileRecord], suspect: list[str] | None = None,
+                  renamed: list[str] | None = None) -> list[str]:
     """R1: give every regular file under the root (``.ckptfs`` excluded) that has no record the
     one its inode carries (records.XATTR), if that record names this very inode.  The install
     protocol sets it on the staged file before the fsync that makes the bytes durable, so it
     describes them; a size that differs means the file was changed in place while unmounted: the
     record is kept and the path reported in ``suspect`` (verification flags it), as for journaled
     records (:func:`classify`).  A copy made outside ckptfs (``cp -a``, ``rsync -X``) carries
-    another inode's record and is ignored.  Returns the adopted paths.  Walks the whole tree: a
+    another inode's record and is ignored.  ``renamed`` given: a temporary name without a record
+    that is a second name of the name it stands for is the remains of a rename and is removed (R2,
+    :func:`finish_temp_renames`), listed there.  Returns the adopted paths.  Walks the whole tree: a
     getdents per directory, and a stat + getxattr per file without a record only."""
     adopted: list[str] = []
     stack = [""]
@@ -546,6 +578,9 @@ def adopt_carried(store: BackingStore, files: dict[str, FileRecord], suspect: li
                 continue
             if t and not stat.S_ISREG(t) or path in files:
                 continue
+            if renamed is not None and _finish_unrecorded_temp(store, d, name):
+                renamed.append(path)  # R2: the temporary name of an interrupted rename
+                continue
             got = carried_record(store, path)
             if got is None:
                 continue
@@ -557,6 +592,66 @@ def adopt_carried(store: BackingStore, files: dict[str, FileRecord], suspect: li
     if adopted:
         log.info("recovery: %d records read back from their files (journal entries lost)", len(adopted))
     return adopted
+
+
+def _temp_target(name: str) -> str | None:
+    m = TEMP_OF_RE.fullmatch(name)
+    return m.group(1) if m else None
+
+
+def finish_temp_renames(store: BackingStore, files: dict[str, FileRecord]) -> list[str]:
+    """R2: finish renames of a temporary name over the name it stands for (``model.pt.tmp`` ->
+    ``model.pt``, ``latest.tmp`` -> ``latest``), which journal no intent (fs.py I8): a power loss
+    between the rename and its directory's fsync can leave the file under both names (the new name
+    persisted, the old one not yet removed).  A recorded file whose inode has a second name, where
+    one of the two is a temporary name of the other in the same directory and no journaled link made
+    that pair (both recorded with that inode), is such a rename: the temporary name is removed and
+    the record moves to the other name.  Returns the temporary names removed."""
+    done: list[str] = []
+    seen: set[int] = set()
+    by_ino: dict[int, list[str]] = {}
+    for p, r in files.items():
+        if r.ino:
+            by_ino.setdefault(r.ino, []).append(p)
+    for path in list(files):
+        rec = files.get(path)
+        if rec is None:
+            continue
+        try:
+            st = store.lstat(path)
+        except OSError:
+            continue
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink < 2 or st.st_ino in seen:
+            continue
+        seen.add(st.st_ino)
+        d, base = parent(path), os.path.basename(path)
+        pre = d + "/" if d else ""
+        target = _temp_target(base)
+        if target is not None:  # the temporary name is recorded (the rename's done entry was lost)
+            pairs = [(path, pre + target)]
+        else:  # the name it stands for is recorded: look for its temporary name beside it
+            try:
+                names = store.listdir(d)
+            except OSError:
+                continue
+            pairs = [(pre + n, path) for n in names if _temp_target(n) == base]
+        for tmp, dst in pairs:
+            try:
+                same = store.lstat(tmp).st_ino == st.st_ino and store.lstat(dst).st_ino == st.st_ino
+            except OSError:
+                continue
+            linked = {tmp, dst} <= set(by_ino.get(st.st_ino, ())) and files[tmp] == files[dst]
+            if not same or linked:
+                continue  # (a link made through the mount is journaled: both names recorded)
+            store.unlink(tmp)
+            store.fsync_dir(d)
+            moved = files.pop(tmp, None)
+            if moved is not None and moved.ino == st.st_ino:
+                files[dst] = moved
+            done.append(tmp)
+            log.warning("recovery: %s was being renamed over %s when the daemon stopped: finished", tmp, dst)
+            break
+    return done
 
 
 def rebuild_lazy_seals(store: BackingStore, r: Replayed, groups: dict[str, GroupState]) -> list[str]:
@@ -640,6 +735,8 @@ def recover(store: BackingStore, journal: Journal | None = None, seal_parts: boo
     if store.exists(POOL):  # empty files made ahead (engine/pool.py P1): never referenced, never synced
         for name in store.listdir(POOL):
             store.unlink(f"{POOL}/{name}")
+    if not loaded.state.clean:  # (a clean stop's snapshot: every rename's entry is in it)
+        rep.renames_finished = finish_temp_renames(store, rep.files)
     owner = {r.ino: p for p, r in rep.files.items() if r.ino}
     for path, rec in list(rep.files.items()):
         try:
@@ -656,7 +753,7 @@ def recover(store: BackingStore, journal: Journal | None = None, seal_parts: boo
             rep.suspect.append(path)
     rep.walked = not loaded.state.clean  # (a clean shutdown's snapshot: no journal entry can be lost)
     if rep.walked:
-        rep.records_adopted = adopt_carried(store, rep.files, rep.suspect)
+        rep.records_adopted = adopt_carried(store, rep.files, rep.suspect, rep.renames_finished)
     rep.generations, probs = reconcile(store, {p: g for p, g in gens_raw.items() if p in rep.files})
     rep.problems += probs
     for p in rep.problems:

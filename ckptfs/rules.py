@@ -140,7 +140,8 @@ DEFAULT_RULES: tuple[Rule, ...] = (
 # holds no checkpoint yet (GroupEngine._judge_tentative).
 TEMP_FILE_RE = re.compile(r".+\.(?:tmp|temp|part|partial)\w*|\.tmp\w*|tmp\w*")
 # The name a temporary file of an already-atomic writer stands for (``model.pt.tmp`` -> ``model.pt``,
-# ``x.safetensors.partial3`` -> ``x.safetensors``): its writer passthrough (issue 27)
+# ``latest.tmp`` -> ``latest``): a rename between the two is finished by recovery from the disk
+# (recovery.finish_temp_renames, R2), so it journals no synced intent (fs.py I8)
 TEMP_OF_RE = re.compile(r"(.+)\.(?:tmp|temp|part|partial)\w*")
 # Names that must never make a group (temporary names a directory is renamed from).
 TMP_DIR_RE = re.compile(r".*\.orbax-checkpoint-tmp-\d+|tmp-checkpoint-\d+")

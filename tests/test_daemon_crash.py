@@ -25,9 +25,10 @@ STEPS = 8
 WORKLOAD = str(ROOT / "tests" / "workloads" / "sequence.py")
 
 
-def run_workload(m: Mount, ackfile: Path, steps: int = STEPS, timeout: float = 120) -> int:
+def run_workload(m: Mount, ackfile: Path, steps: int = STEPS, timeout: float = 120,
+                 env: dict[str, str] | None = None) -> int:
     r = subprocess.run([sys.executable, WORKLOAD, str(m.path), str(ackfile), str(steps)],
-                       capture_output=True, env=_env(), timeout=timeout)
+                       capture_output=True, env={**_env(), **(env or {})}, timeout=timeout)
     return r.returncode
 
 
@@ -46,13 +47,15 @@ def test_crash_at_protocol_point(tmp_path: Path, point: str, commit: str) -> Non
     d.mkdir()
     ack = tmp_path / "acks"
     # hit 1 of compact_snapshot is the compaction of the mount-time recovery
-    # (an unlink journals no intent since I8, fs.py: the workload's intents are its STEPS renames)
+    # (an unlink, a mkdir and latest.tmp -> latest journal no intent since I8, fs.py: for this point the
+    # pointer's temporary file is named so that its STEPS renames do)
     top = STEPS if point == "ns_intent_logged" else 3 * STEPS
+    wenv = {"SEQ_POINTER_TMP": "latest.new"} if point == "ns_intent_logged" else None
     nth = rng.randint(2, 4) if point == "compact_snapshot" else rng.randint(1, top)
     env = {"CKPTFS_CRASH_AT": f"{point}:{nth}", "CKPTFS_COMPACT_EVERY": "5", **crashpoints.POINT_ENV.get(point, {})}
     m = Mount(d, commit=commit, env=env).start()
     try:
-        rc = run_workload(m, ack)
+        rc = run_workload(m, ack, env=wenv)
         status = m.wait_dead(10)
         assert status == -signal.SIGKILL, f"crash point {point}:{nth} was not reached"
         assert rc != 0

@@ -267,22 +267,28 @@ def test_records_travel_with_their_files_when_the_journal_tail_is_lost(tmp_path)
     assert all(verify_file(OsBackingStore(str(tmp_path)), p, st.files[p]).ok for p in payload)
 
 
-def test_a_finished_rename_is_not_redone_over_a_later_install_at_its_source(tmp_path) -> None:
+@pytest.mark.parametrize("tmp", ["latest.new", "latest.tmp"])
+def test_a_finished_rename_is_not_redone_over_a_later_install_at_its_source(tmp_path, tmp) -> None:
     """An install whose record travels journals no intent, so a rename's intent can be the last
     one in the journal although the rename finished and a new file was installed at its source
     since: recovery must see the new inode there (the intent names the old one) and leave both
-    files (without the check it moved the new file over the renamed one)."""
+    files (without the check it moved the new file over the renamed one).  ``latest.tmp`` ->
+    ``latest`` journals no intent at all (fs.py I8): with its done entry lost the same state must
+    come out of the disk (R1, R2)."""
     fs = CkptFS(OsBackingStore(str(tmp_path)))
-    save(fs, "latest.tmp", b"step 1")
-    fs.rename("latest.tmp", "latest")
-    save(fs, "latest.tmp", b"step 2")
+    save(fs, tmp, b"step 1")
+    fs.rename(tmp, "latest")
+    save(fs, tmp, b"step 2")
     _crash_without_done_records(tmp_path, fs)
     rep = recover(OsBackingStore(str(tmp_path)))
     assert (tmp_path / "latest").read_bytes() == b"step 1"
-    assert (tmp_path / "latest.tmp").read_bytes() == b"step 2"
-    assert rep.inflight and rep.inflight.startswith("rename") and rep.inflight_completed
-    assert rep.files["latest"].size == 6 and rep.files["latest.tmp"].size == 6
-    assert rep.files["latest"].blake3 != rep.files["latest.tmp"].blake3
+    assert (tmp_path / tmp).read_bytes() == b"step 2"
+    if tmp == "latest.new":
+        assert rep.inflight and rep.inflight.startswith("rename") and rep.inflight_completed
+    else:
+        assert rep.inflight is None and not rep.renames_finished
+    assert rep.files["latest"].size == 6 and rep.files[tmp].size == 6
+    assert rep.files["latest"].blake3 != rep.files[tmp].blake3
 
 
 def test_a_stale_journal_record_is_replaced_by_the_files_own_even_when_its_inode_number_was_reused(tmp_path) -> None:
@@ -371,3 +377,60 @@ def test_an_unlink_outside_groups_costs_one_sync_and_its_entry_follows_it(tmp_pa
         assert {"logs/1.txt", "logs/2.txt"} <= set(rep.files)
     finally:
         st.shutdown()
+
+
+@pytest.mark.parametrize("recorded", [True, False])
+def test_a_rename_of_a_temporary_name_cut_by_a_power_loss_is_finished_from_the_disk(tmp_path, recorded) -> None:
+    """I8 + R2 (issue 27): ``latest.tmp`` renamed over ``latest`` costs one sync (the directory's), its
+    entry appended done and unsynced.  A power loss can leave the file under both names (the new
+    name persisted, the removal of the old not yet; weak persistence) and the entry lost: recovery
+    recognizes the pair on the disk (a temporary name and the name it stands for, one inode) and
+    finishes the rename; the record follows the file.  ``recorded``: the temporary file's install
+    entry survived (else that is lost too, and the record comes from the file, R1).  A hard link made through the
+    mount between such names is journaled and left alone."""
+    store = OsBackingStore(str(tmp_path))
+    calls: list[str] = []
+    for name in ("fsync", "fdatasync", "fsync_dir"):
+        real = getattr(store, name)
+        setattr(store, name, lambda x, real=real, name=name: (calls.append(name), real(x))[1])
+    fs = CkptFS(store, keep_generations=0)
+    jpath = tmp_path / ".ckptfs" / "journal.1"
+    before_install, before_rename = [], []  # the journal's size at each step
+    try:
+        for data in (b"1", b"22"):
+            before_install.append(fs.journal.size)
+            fh = fs.create("latest.tmp", 0o644)
+            fs.write(fh, data, 0)
+            fs.flush(fh)
+            fs.release(fh)
+            before_rename.append(fs.journal.size)
+            calls.clear()
+            fs.rename("latest.tmp", "latest")
+            assert calls == ["fsync_dir"], calls
+        # the cut: before the last rename's entry; unless ``recorded``, before the last install's too
+        size = before_rename[1] if recorded else before_install[1]
+        fh = fs.create("keep.tmp", 0o644)
+        fs.write(fh, b"k", 0)
+        fs.flush(fh)
+        fs.release(fh)
+        fs.link("keep.tmp", "keep")  # a journaled link: both names recorded, never "finished"
+        jsize = fs.journal.size
+    finally:
+        fs.journal.close()
+        store.shutdown()
+    # the power loss: the last rename's new name persisted, the old one not removed, its entry lost
+    os.link(tmp_path / "latest", tmp_path / "latest.tmp")
+    data = jpath.read_bytes()
+    frames, _ = decode_frames(data)
+    kept = [f for f in frames if not (f["op"] == "rename" and f.get("src") == "latest.tmp")][-3:]  # keep.* entries
+    jpath.write_bytes(data[:size] + b"".join(encode_frame(f) for f in kept))
+    assert jsize  # (the keep.* entries follow the cut)
+    st = OsBackingStore(str(tmp_path))
+    try:
+        rep = recover(st)
+    finally:
+        st.shutdown()
+    assert not (tmp_path / "latest.tmp").exists() and (tmp_path / "latest").read_bytes() == b"22"
+    assert rep.renames_finished == ["latest.tmp"]
+    assert rep.files["latest"].size == 2 and "latest.tmp" not in rep.files and not rep.suspect
+    assert (tmp_path / "keep.tmp").exists() and {"keep", "keep.tmp"} <= set(rep.files)

@@ -40,9 +40,11 @@ def run(d: str, ackfile: str, steps: int, start: int = 0) -> None:
     for i in range(start, start + steps):
         for k in range(SHARDS):
             torch.save(shard(i, k), os.path.join(d, "shards", f"s_{i}_{k}.pt"))
-        with open(os.path.join(d, "latest.tmp"), "w") as f:
+        # (SEQ_POINTER_TMP: another temporary name, whose rename journals a synced intent: fs.py I8)
+        tmp = os.path.join(d, os.environ.get("SEQ_POINTER_TMP", "latest.tmp"))
+        with open(tmp, "w") as f:
             f.write(str(i))
-        os.replace(os.path.join(d, "latest.tmp"), os.path.join(d, "latest"))
+        os.replace(tmp, os.path.join(d, "latest"))
         # rotation keeps the last two steps; it also removes what a crash during
         # an earlier rotation left behind (steps < i-2), as a resumed trainer does
         for name in os.listdir(os.path.join(d, "shards")):
@@ -70,7 +72,7 @@ def check_prefix_state(d: Path, acked: list[int]) -> int:
     Acknowledged: ``latest`` >= every acked step.
     """
     names = set(os.listdir(d))
-    assert names <= {"shards", "latest", "latest.tmp"}, names
+    assert names <= {"shards", "latest", "latest.tmp", "latest.new"}, names
     latest = int((d / "latest").read_text()) if "latest" in names else -1
     if acked:
         assert latest >= max(acked), f"acked step {max(acked)} lost (latest={latest})"
@@ -90,8 +92,8 @@ def check_prefix_state(d: Path, acked: list[int]) -> int:
     # began); across resumed runs, leftovers of two interrupted rotations may legitimately remain
     floor = max(acked) - 2 if acked else -1
     assert all(i > floor for i in shards), (latest, max(acked, default=None), shards)
-    if "latest.tmp" in names:
-        assert int((d / "latest.tmp").read_text()) in (latest, latest + 1)
+    for tmp in {"latest.tmp", "latest.new"} & names:
+        assert int((d / tmp).read_text()) in (latest, latest + 1)
     return latest
 
 
