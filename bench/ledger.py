@@ -57,6 +57,8 @@ OPS: dict[str, tuple[int, str, str]] = {
     # step_0 is saved in the untraced setup: the 20 measured are a run's later checkpoints (a sibling
     # exists, and so does .ckptfs/groups)
     "group: mkdir step_N, 3 files, COMMIT": (20, "m = os.urandom(128 << 10); i = -1; " + GROUP, GROUP),
+    "unlink of a small file (rm)": (
+        100, "[open(f'{d}/u{k}.txt', 'wb').write(b'x') for k in range(100)]", "os.unlink(f'{d}/u{i}.txt')"),
     "open + close (read-only)": (
         1000, "open(f'{d}/r.txt', 'wb').write(b'x')", "os.close(os.open(f'{d}/r.txt', os.O_RDONLY))"),
     "stat": (1000, "open(f'{d}/r.txt', 'wb').write(b'x')", "os.stat(f'{d}/r.txt')"),
