@@ -120,6 +120,17 @@ def save(fs: CkptFS, path: str, data: bytes) -> None:
     fs.release(fh)
 
 
+def counting_store(tmp_path) -> tuple[OsBackingStore, list[str]]:
+    """A backing store over ``tmp_path`` that lists every sync it makes (fsync, fdatasync,
+    fsync_dir), in order."""
+    store = OsBackingStore(str(tmp_path))
+    calls: list[str] = []
+    for name in ("fsync", "fdatasync", "fsync_dir"):
+        real = getattr(store, name)
+        setattr(store, name, lambda x, real=real, name=name: (calls.append(name), real(x))[1])
+    return store, calls
+
+
 def test_recovery_rolls_forward_last_intent_and_drops_unverifiable(tmp_path) -> None:
     store = OsBackingStore(str(tmp_path))
     fs = CkptFS(store)
@@ -341,11 +352,7 @@ def test_an_unlink_outside_groups_costs_one_sync_and_its_entry_follows_it(tmp_pa
     directory fsync); so do a ``mkdir`` and an ``rmdir`` of a directory that is no group.  If a
     power loss drops those entries, recovery finds the file gone and drops its record (shown here
     by recovering from a journal cut before them)."""
-    store = OsBackingStore(str(tmp_path))
-    calls: list[str] = []
-    for name in ("fsync", "fdatasync", "fsync_dir"):
-        real = getattr(store, name)
-        setattr(store, name, lambda x, real=real, name=name: (calls.append(name), real(x))[1])
+    store, calls = counting_store(tmp_path)
     fs = CkptFS(store, keep_generations=0)
     try:
         os.makedirs(tmp_path / "logs")
@@ -388,11 +395,7 @@ def test_a_rename_of_a_temporary_name_cut_by_a_power_loss_is_finished_from_the_d
     finishes the rename; the record follows the file.  ``recorded``: the temporary file's install
     entry survived (else that is lost too, and the record comes from the file, R1).  A hard link made through the
     mount between such names is journaled and left alone."""
-    store = OsBackingStore(str(tmp_path))
-    calls: list[str] = []
-    for name in ("fsync", "fdatasync", "fsync_dir"):
-        real = getattr(store, name)
-        setattr(store, name, lambda x, real=real, name=name: (calls.append(name), real(x))[1])
+    store, calls = counting_store(tmp_path)
     fs = CkptFS(store, keep_generations=0)
     jpath = tmp_path / ".ckptfs" / "journal.1"
     before_install, before_rename = [], []  # the journal's size at each step
