@@ -594,6 +594,21 @@ def adopt_carried(store: BackingStore, files: dict[str, FileRecord], suspect: li
     return adopted
 
 
+def carried_later(store: BackingStore, path: str, rec: FileRecord) -> bool:
+    """R3: whether the inode at ``path`` carries a record of this very inode that differs from the
+    journal's ``rec`` and was committed later.  An inode number is reused once its file is gone, so
+    the journal can hold a record of an earlier file that had the same number and size (an unlink
+    or rename whose ``done`` entry a power loss dropped, fs.py I8, and a later install at that path
+    whose ``done`` entry was dropped too): :func:`classify` sees the number and size match.  The
+    record the inode carries describes it (set before the fsync that made its bytes durable); the
+    journal's is only ever newer for the same file when it was re-recorded without re-installing
+    (``ckptfs forget`` accepting an offline change), which this leaves alone.  Found by the model
+    checker's FUSE-recorded pointer workload (inode numbers reused by the backing filesystem).
+    Costs a getxattr per recorded file, after an unclean stop only."""
+    got = carried_record(store, path)
+    return got is not None and got[0] != rec and got[0].committed_at > rec.committed_at
+
+
 def _temp_target(name: str) -> str | None:
     m = TEMP_OF_RE.fullmatch(name)
     return m.group(1) if m else None
@@ -746,6 +761,8 @@ def recover(store: BackingStore, journal: Journal | None = None, seal_parts: boo
         verdict = classify(path, rec, st, owner)
         if verdict != "ok" and st is not None and carried_instead(store, path, rec, st, owner, rep.files):
             verdict = "drop"  # (the carried record is adopted below)
+        elif verdict == "ok" and st is not None and not loaded.state.clean and carried_later(store, path, rec):
+            verdict = "drop"  # a stale record on a reused inode number (R3; the carried one is adopted below)
         if verdict == "drop":
             del rep.files[path]
             rep.records_dropped.append(path)
