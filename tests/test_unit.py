@@ -302,23 +302,33 @@ def test_a_finished_rename_is_not_redone_over_a_later_install_at_its_source(tmp_
     assert rep.files["latest"].blake3 != rep.files[tmp].blake3
 
 
+def _stale_record_on_reused_number(tmp_path, first: dict[str, bytes], new_a: bytes, stale: str) -> int:
+    """Save ``first`` and compact (their records durable in the snapshot), then save ``new_a`` at
+    a.bin (a new inode) and stop as a power loss would, its done entry lost; the snapshot's record of
+    ``stale`` is made to name a.bin's new inode number (inode numbers are reused).  Returns it."""
+    fs = CkptFS(OsBackingStore(str(tmp_path)), keep_generations=0)
+    for path, data in first.items():
+        save(fs, path, data)
+    fs.shutdown()
+    fs = CkptFS(OsBackingStore(str(tmp_path)), keep_generations=0)
+    save(fs, "a.bin", new_a)
+    _crash_without_done_records(tmp_path, fs)
+    new_ino = os.stat(tmp_path / "a.bin").st_ino
+    snap = tmp_path / ".ckptfs" / "snapshot"
+    state = decode_frames(snap.read_bytes())[0][0]
+    state["files"][stale]["ino"] = new_ino
+    snap.write_bytes(encode_frame(state))
+    return new_ino
+
+
 def test_a_stale_record_whose_inode_number_and_size_match_the_file_is_replaced_by_the_files_own(tmp_path) -> None:
     """R3 (issue 27): with a rename's or unlink's ``done`` entry lost (fs.py I8) and a later
     install's too, the journal can name a path with a record of an earlier file whose inode number
     the backing filesystem gave the new one, of the same size: the number and size match, so
     ``classify`` finds it ok.  After an unclean stop the record the inode carries, committed later,
     wins; every file verifies.  (Found by the model checker's FUSE-recorded pointer workload.)"""
-    fs = CkptFS(OsBackingStore(str(tmp_path)), keep_generations=0)
-    save(fs, "a.bin", b"a" * 4000)
-    fs.shutdown()  # compacted: a's record durable in the snapshot
-    fs = CkptFS(OsBackingStore(str(tmp_path)), keep_generations=0)
-    save(fs, "a.bin", b"b" * 4000)  # a new file at a.bin; its done entry will be lost
-    _crash_without_done_records(tmp_path, fs)
-    new_ino = os.stat(tmp_path / "a.bin").st_ino
-    snap = tmp_path / ".ckptfs" / "snapshot"
-    state = decode_frames(snap.read_bytes())[0][0]
-    state["files"]["a.bin"]["ino"] = new_ino  # the old record names the number the new file got
-    snap.write_bytes(encode_frame(state))
+    # the old record of a.bin names the number the new file got
+    new_ino = _stale_record_on_reused_number(tmp_path, {"a.bin": b"a" * 4000}, b"b" * 4000, "a.bin")
     rep = recover(OsBackingStore(str(tmp_path)))
     assert "a.bin" in rep.records_dropped and "a.bin" in rep.records_adopted and not rep.suspect
     assert rep.files["a.bin"].size == 4000 and rep.files["a.bin"].ino == new_ino
@@ -332,18 +342,9 @@ def test_a_stale_journal_record_is_replaced_by_the_files_own_even_when_its_inode
     still names the previous inode, whose number another stale record holds too (inode numbers are
     reused).  The file's own record is authoritative for its inode: adopted, not reported as a
     swap (suspect), and every file verifies."""
-    fs = CkptFS(OsBackingStore(str(tmp_path)), keep_generations=0)
-    save(fs, "a.bin", b"a" * 4000)
-    save(fs, "b.bin", b"b" * 4000)
-    fs.shutdown()  # compacted: both records durable in the snapshot
-    fs = CkptFS(OsBackingStore(str(tmp_path)), keep_generations=0)
-    save(fs, "a.bin", b"A" * 5000)  # a new inode at a.bin; its done entry will be lost
-    _crash_without_done_records(tmp_path, fs)
-    new_ino = os.stat(tmp_path / "a.bin").st_ino
-    snap = tmp_path / ".ckptfs" / "snapshot"
-    state = decode_frames(snap.read_bytes())[0][0]
-    state["files"]["b.bin"]["ino"] = new_ino  # b's record names the number a.bin's new inode reuses
-    snap.write_bytes(encode_frame(state))
+    # b's record names the number a.bin's new inode reuses
+    new_ino = _stale_record_on_reused_number(tmp_path, {"a.bin": b"a" * 4000, "b.bin": b"b" * 4000}, b"A" * 5000,
+                                             "b.bin")
     rep = recover(OsBackingStore(str(tmp_path)))
     assert "a.bin" not in rep.suspect and "a.bin" in rep.records_adopted
     assert rep.files["a.bin"].size == 5000 and rep.files["a.bin"].ino == new_ino
