@@ -6,6 +6,7 @@ import io
 import json
 import os
 import struct
+import time
 import zipfile
 
 import numpy as np
@@ -463,3 +464,30 @@ def test_a_rename_of_a_temporary_name_cut_by_a_power_loss_is_finished_from_the_d
     assert rep.renames_finished == ["latest.tmp"]
     assert rep.files["latest"].size == 2 and "latest.tmp" not in rep.files and not rep.suspect
     assert (tmp_path / "keep.tmp").exists() and {"keep", "keep.tmp"} <= set(rep.files)
+
+
+@pytest.mark.parametrize("pool", ["1", "0"])
+def test_the_staging_pool_switch(tmp_path, monkeypatch, pool) -> None:
+    """``CKPTFS_STAGING_POOL=0`` (README, engine/pool.py) turns the pool off: new versions make their
+    staging file on the request path and ``.ckptfs/pool`` stays empty; on (the default) the pool
+    gives them.  Either way the files commit."""
+    monkeypatch.setenv("CKPTFS_STAGING_POOL", pool)
+    store = OsBackingStore(str(tmp_path))
+    fs = CkptFS(store)
+    try:
+        assert (fs.staging.pool is not None) == (pool == "1")
+        save(fs, "f0.txt", b"x" * 10)  # (the first new version starts the pool's thread)
+        deadline = time.monotonic() + 10
+        while pool == "1" and not os.listdir(tmp_path / ".ckptfs" / "pool") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for i in (1, 2):
+            save(fs, f"f{i}.txt", b"x" * 10)
+        assert all((tmp_path / f"f{i}.txt").read_bytes() == b"x" * 10 for i in range(3))
+        taken = fs.staging.pool.taken if fs.staging.pool is not None else 0
+        if pool == "0":
+            assert not os.listdir(tmp_path / ".ckptfs" / "pool") and not taken
+        else:
+            assert taken >= 2
+    finally:
+        fs.shutdown()
+        store.shutdown()
