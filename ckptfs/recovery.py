@@ -527,20 +527,28 @@ def carried_instead(store: BackingStore, path: str, rec: FileRecord, st: os.stat
     return got[0]  # moved here, its old name gone or reused (a rename whose done entry was lost: R2)
 
 
-def _finish_unrecorded_temp(store: BackingStore, d: str, name: str) -> bool:
+def _finish_unrecorded_temp(store: BackingStore, d: str, name: str, linked: frozenset[str] = frozenset()) -> bool:
     """R2 for a temporary name no record names: if the name it stands for, beside it, is the same
-    inode, the rename between them was cut by a power loss after its new name persisted: remove the
-    temporary name (the other keeps the file and gets its carried record)."""
+    inode, and that inode was installed by ckptfs (it carries its own record: only such a file is
+    ever renamed by :meth:`CkptFS._temp_rename`'s one-sync path), the rename between them was cut by
+    a power loss after its new name persisted: remove the temporary name (the other keeps the file
+    and gets its carried record).  A second name that is a user's hard link is left alone: one made
+    offline or through the mount to a file without a record carries none; one the journal still
+    names (``linked``: the destinations of replayed ``link`` entries) is a link, not a rename."""
     target = _temp_target(name)
     if target is None:
         return False
     pre = d + "/" if d else ""
+    if pre + name in linked or pre + target in linked:
+        return False
     try:
         st = store.lstat(pre + name)
         if st.st_nlink < 2 or store.lstat(pre + target).st_ino != st.st_ino:
             return False
     except OSError:
         return False
+    if carried_record(store, pre + name) is None:
+        return False  # not a file ckptfs installed: a user's hard link (made offline, or to such a file)
     store.unlink(pre + name)
     store.fsync_dir(d)
     log.warning("recovery: %s was being renamed over %s when the daemon stopped: finished", pre + name,
@@ -549,7 +557,7 @@ def _finish_unrecorded_temp(store: BackingStore, d: str, name: str) -> bool:
 
 
 def adopt_carried(store: BackingStore, files: dict[str, FileRecord], suspect: list[str] | None = None,
-                  renamed: list[str] | None = None) -> list[str]:
+                  renamed: list[str] | None = None, linked: frozenset[str] = frozenset()) -> list[str]:
     """R1: give every regular file under the root (``.ckptfs`` excluded) that has no record the
     one its inode carries (records.XATTR), if that record names this very inode.  The install
     protocol sets it on the staged file before the fsync that makes the bytes durable, so it
@@ -558,7 +566,8 @@ def adopt_carried(store: BackingStore, files: dict[str, FileRecord], suspect: li
     records (:func:`classify`).  A copy made outside ckptfs (``cp -a``, ``rsync -X``) carries
     another inode's record and is ignored.  ``renamed`` given: a temporary name without a record
     that is a second name of the name it stands for is the remains of a rename and is removed (R2,
-    :func:`finish_temp_renames`), listed there.  Returns the adopted paths.  Walks the whole tree: a
+    :func:`finish_temp_renames`; never one ``linked`` names or a file without a carried record: a
+    user's hard link), listed there.  Returns the adopted paths.  Walks the whole tree: a
     getdents per directory, and a stat + getxattr per file without a record only."""
     adopted: list[str] = []
     stack = [""]
@@ -578,7 +587,7 @@ def adopt_carried(store: BackingStore, files: dict[str, FileRecord], suspect: li
                 continue
             if t and not stat.S_ISREG(t) or path in files:
                 continue
-            if renamed is not None and _finish_unrecorded_temp(store, d, name):
+            if renamed is not None and _finish_unrecorded_temp(store, d, name, linked):
                 renamed.append(path)  # R2: the temporary name of an interrupted rename
                 continue
             got = carried_record(store, path)
@@ -770,7 +779,7 @@ def recover(store: BackingStore, journal: Journal | None = None, seal_parts: boo
             rep.suspect.append(path)
     rep.walked = not loaded.state.clean  # (a clean shutdown's snapshot: no journal entry can be lost)
     if rep.walked:
-        rep.records_adopted = adopt_carried(store, rep.files, rep.suspect, rep.renames_finished)
+        rep.records_adopted = adopt_carried(store, rep.files, rep.suspect, rep.renames_finished, frozenset(r.linked))
     rep.generations, probs = reconcile(store, {p: g for p, g in gens_raw.items() if p in rep.files})
     rep.problems += probs
     for p in rep.problems:

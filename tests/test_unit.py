@@ -466,6 +466,37 @@ def test_a_rename_of_a_temporary_name_cut_by_a_power_loss_is_finished_from_the_d
     assert (tmp_path / "keep.tmp").exists() and {"keep", "keep.tmp"} <= set(rep.files)
 
 
+@pytest.mark.parametrize("journaled", [True, False])
+def test_a_users_hard_link_between_a_temporary_name_and_its_target_survives_an_unclean_stop(
+        tmp_path, journaled) -> None:
+    """R2 takes only the remains of its own renames: ``off`` was written while unmounted (no record,
+    none carried), then linked through the mount as ``off.tmp``, a temporary name of ``off``.  After
+    an unclean stop both names stay, whether the journal still has the link entry (``journaled``) or
+    lost it (a compaction drops entries into a snapshot, which has no records for these names)."""
+    (tmp_path / "off").write_bytes(b"user data")
+    store = OsBackingStore(str(tmp_path))
+    fs = CkptFS(store, keep_generations=0)
+    jpath = tmp_path / ".ckptfs" / "journal.1"
+    try:
+        fs.link("off", "off.tmp")
+    finally:
+        fs.journal.close()
+        store.shutdown()
+    if not journaled:
+        data = jpath.read_bytes()
+        frames, _ = decode_frames(data)
+        assert [f["op"] for f in frames if f["op"] == "link"] == ["link"]
+        jpath.write_bytes(b"".join(encode_frame(f) for f in frames if f["op"] != "link"))
+    st = OsBackingStore(str(tmp_path))
+    try:
+        rep = recover(st)
+    finally:
+        st.shutdown()
+    assert rep.walked and not rep.renames_finished
+    assert (tmp_path / "off.tmp").read_bytes() == b"user data" == (tmp_path / "off").read_bytes()
+    assert os.stat(tmp_path / "off").st_nlink == 2
+
+
 @pytest.mark.parametrize("pool", ["1", "0"])
 def test_the_staging_pool_switch(tmp_path, monkeypatch, pool) -> None:
     """``CKPTFS_STAGING_POOL=0`` (README, engine/pool.py) turns the pool off: new versions make their

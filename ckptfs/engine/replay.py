@@ -47,6 +47,9 @@ class Replayed:
     # needs to rewrite seal files written unsynced (engine/groups.py G12); a later durable reseal of
     # the group drops it
     lazy_seals: dict[str, tuple[dict, str, str, dict[str, FileRecord]]] = field(default_factory=dict)
+    # both names of every replayed ``link`` entry: a user's hard links, never the remains of a
+    # rename that recovery finishes (recovery.py R2)
+    linked: set[str] = field(default_factory=set)
 
     def apply(self, e: dict) -> None:
         """Apply one entry to the records, groups, quarantine table and generations."""
@@ -54,6 +57,8 @@ class Replayed:
         apply_gen_entry(self.gens, e)
         if e["op"] == "group_seal":
             self._note_seal(e)
+        elif e["op"] == "link":
+            self.linked.update((str(e["src"]), str(e["dst"])))
         self.applied += 1
 
     def _note_seal(self, e: dict) -> None:
