@@ -624,7 +624,9 @@ class CkptFS:
         if not self.write_passthrough:
             return None
         h = self.handles.get(fh)
-        if h is None or not h.writable or h.appending or not h.published or not self.isolates(h.path):
+        if h is None or not h.writable or h.appending or not h.published:
+            return None
+        if not self.isolates(h.path) and not self._temp_of_checkpoint(h.path):
             return None
         v = h.version
         with self.lock:
@@ -636,6 +638,17 @@ class CkptFS:
             self.stats["passthrough_writers_low_space"] += 1
             return None  # W3: the daemon sees every write (and its ENOSPC) where space is short
         return v.fd
+
+    def _temp_of_checkpoint(self, path: str) -> bool:
+        """Whether ``path`` is an already-atomic writer's temporary file of a checkpoint file
+        (``model.pt.tmp``, renamed over ``model.pt`` once written): its bulk writes go through
+        writer passthrough too (issue 27).  It is not isolated (V1: not a checkpoint name), so other
+        processes read its staged bytes through the daemon as it is written, as natively.  Its
+        node follows the rename (fuse/nodes.py T9)."""
+        m = TEMP_OF_RE.fullmatch(os.path.basename(path))
+        if m is None or m.group(1) in self.vis.rules.pointer_names():
+            return False  # (a pointer's few bytes: the daemon's WRITE is cheaper than a backing file)
+        return self.vis.checkpoint_file(os.path.join(parent(path), m.group(1)))
 
     @staticmethod
     def _temp_rename(old: str, new: str) -> bool:

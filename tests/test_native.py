@@ -307,6 +307,69 @@ def test_a_checkpoint_writer_writes_its_staging_file_directly(tmp_path: Path, by
     assert "0 corrupt" in _verify_offline(d)
 
 
+def test_an_atomic_writers_temporary_file_of_a_checkpoint_is_written_through_passthrough(tmp_path: Path) -> None:
+    """Issue 27: an already-atomic writer (``model.pt.tmp``, fsync, rename over ``model.pt``, fsync of
+    the directory) gets writer passthrough for its temporary file too: no WRITE reaches the daemon,
+    the digest is computed at the seal, and the renamed file verifies.  The temporary file is no
+    checkpoint name, so another process reading it half-way sees the bytes written so far (as
+    natively, not isolated: V1).  Renamed, the file is reached under its new name at once (nodes.py
+    T9).  A temporary file of a non-checkpoint name (``notes.txt.tmp``) is written through the
+    daemon as before."""
+    d = tmp_path / "m"
+    d.mkdir()
+    src = tmp_path / "new.pt"
+    torch.save({"w": torch.randn(1 << 20)}, src)
+    data = src.read_bytes()
+    with Mount(d) as m:
+        tmp, final = m.path / "model.pt.tmp", m.path / "model.pt"
+        s0 = stats(m)
+        w = subprocess.Popen([sys.executable, "-c", f"import os, sys\nfd = os.open({str(tmp)!r}, "
+                              "os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)\n"
+                              f"data = open({str(src)!r}, 'rb').read()\nos.write(fd, data[:len(data) // 2])\n"
+                              "print('half', flush=True)\nsys.stdin.readline()\n"
+                              "os.write(fd, data[len(data) // 2:])\nos.fsync(fd)\nos.close(fd)\n"
+                              f"os.rename({str(tmp)!r}, {str(final)!r})\n"
+                              f"dfd = os.open({str(m.path)!r}, os.O_RDONLY)\nos.fsync(dfd)"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            assert w.stdout is not None and w.stdin is not None
+            assert w.stdout.readline().strip() == "half"
+            assert tmp.read_bytes() == data[:len(data) // 2]  # not isolated: what was written so far
+            w.stdin.write("go\n")
+            w.stdin.close()
+            assert w.wait(60) == 0
+        finally:
+            if w.poll() is None:
+                w.kill()
+                w.wait()
+        s1 = stats(m)
+        assert final.read_bytes() == data and not tmp.exists()
+        assert os.getxattr(final, "user.ckptfs.status") == b"committed"
+        assert s1.get("passthrough_writers", 0) == s0.get("passthrough_writers", 0) + 1
+        assert s1.get("fuse_write", 0) == s0.get("fuse_write", 0)
+        # T9: the writer's node follows the rename.  The same process, right after its rename,
+        # reaches the file through its kernel dentry (moved from the temporary name): it named the
+        # passthrough writer's detached node, which kept the old path (ENOENT, every trial)
+        code = (f"import os\nd = {str(m.path)!r}\ndata = open({str(src)!r}, 'rb').read()\n"
+                "for i in range(5):\n"
+                "    fd = os.open(d + '/model.pt.tmp', os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)\n"
+                "    os.write(fd, data[i:])\n    os.fsync(fd)\n    os.close(fd)\n"
+                "    os.rename(d + '/model.pt.tmp', d + '/model.pt')\n"
+                "    assert os.stat(d + '/model.pt').st_size == len(data) - i\n"
+                "    assert open(d + '/model.pt', 'rb').read() == data[i:]\n")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert final.read_bytes() == data[4:] and not tmp.exists()
+        s1b = stats(m)
+        assert s1b.get("passthrough_writers", 0) == s1.get("passthrough_writers", 0) + 5
+        s1 = s1b
+        (m.path / "notes.txt.tmp").write_bytes(b"n" * 100)
+        s2 = stats(m)
+        assert s2.get("passthrough_writers", 0) == s1.get("passthrough_writers", 0)
+        assert s2.get("fuse_write", 0) > s1.get("fuse_write", 0)
+    assert "0 corrupt" in _verify_offline(d)
+
+
 def test_a_file_being_written_that_no_one_is_isolated_from_keeps_its_cached_attributes(tmp_path: Path) -> None:
     """Issue 27: only a checkpoint file's version is shown per caller (V1), so only its attributes
     are never cached while it is written.  Any other new file's attributes stay in the kernel's

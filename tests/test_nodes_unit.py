@@ -18,6 +18,15 @@ class Model:
 
     def __init__(self, nodes: Nodes) -> None:
         self.m: dict[str, int] = {p: n.nid for p, n in nodes.by_path.items()}
+        self.fol: dict[int, str] = {}  # T9: follower nid -> the path it follows
+
+    def _within(self, p: str, path: str) -> bool:
+        return p == path or p.startswith(path + "/" if path else "")
+
+    def unfollow(self, path: str, subtree: bool) -> None:
+        for nid, p in list(self.fol.items()):
+            if p == path or subtree and self._within(p, path):
+                del self.fol[nid]
 
     def below(self, path: str) -> list[str]:
         pre = path + "/" if path else ""
@@ -28,6 +37,10 @@ class Model:
             self.m.pop(p, None)
 
     def move(self, old: str, new: str) -> None:
+        moving_f = {nid: p for nid, p in self.fol.items() if self._within(p, old)}
+        self.unfollow(new, True)
+        for nid, p in moving_f.items():
+            self.fol[nid] = new + p[len(old):]
         for p in [new, *self.below(new)]:
             self.m.pop(p, None)
         moving = {p: self.m.pop(p) for p in [old, *self.below(old)] if p in self.m}
@@ -35,13 +48,19 @@ class Model:
             self.m[new + p[len(old):]] = nid
 
     def exchange(self, a: str, b: str) -> None:
+        for nid, p in list(self.fol.items()):
+            if self._within(p, a):
+                self.fol[nid] = b + p[len(a):]
+            elif self._within(p, b):
+                self.fol[nid] = a + p[len(b):]
         sides = [{p: self.m.pop(p) for p in [s, *self.below(s)] if p in self.m} for s in (a, b)]
         for (src, dst), side in zip(((a, b), (b, a)), sides, strict=True):
             for p, nid in side.items():
                 self.m[dst + p[len(src):]] = nid
 
     def under(self, path: str) -> set[int]:
-        return {nid for p, nid in self.m.items() if p == path or p.startswith(path + "/" if path else "")}
+        return ({nid for p, nid in self.m.items() if self._within(p, path)}
+                | {nid for nid, p in self.fol.items() if self._within(p, path)})
 
 
 def index_is_exact(nodes: Nodes) -> None:
@@ -65,6 +84,7 @@ OPS = st.one_of(
     st.tuples(st.just("forget"), PATHS),
     st.tuples(st.just("unmap"), PATHS, st.booleans()),
     st.tuples(st.just("detach"), PATHS),
+    st.tuples(st.just("follow"), PATHS),
     st.tuples(st.just("move"), PATHS, PATHS),
     st.tuples(st.just("exchange"), PATHS, PATHS),
 )
@@ -73,6 +93,10 @@ OPS = st.one_of(
 @settings(max_examples=400, deadline=None)
 @given(st.lists(OPS, max_size=40))
 def test_subtree_operations_match_a_full_scan(ops: list[tuple]) -> None:
+    """T2-T4 against the model, and T9: a detached passthrough writer's node (``follow``) keeps
+    the path of the file it names through renames and exchanges (the kernel's dentry moves with
+    the file), stops following where that name is renamed over or removed, and is among the nodes
+    a subtree's invalidation reaches."""
     nodes = Nodes()
     model = Model(nodes)
     for op in ops:
@@ -87,11 +111,14 @@ def test_subtree_operations_match_a_full_scan(ops: list[tuple]) -> None:
         elif kind == "unmap":
             nodes.unmap(a, subtree=op[2])
             model.unmap(a, op[2])
-        elif kind == "detach":
+            model.unfollow(a, op[2])
+        elif kind in ("detach", "follow"):
             n = nodes.at(a)
             if n is not None:
-                nodes.detach(n)
+                nodes.detach(n, follow=kind == "follow")
                 model.m.pop(a, None)
+                if kind == "follow":
+                    model.fol[n.nid] = a
         else:
             b = op[2]
             if a == b or b.startswith(a + "/") or a.startswith(b + "/"):
@@ -100,6 +127,9 @@ def test_subtree_operations_match_a_full_scan(ops: list[tuple]) -> None:
             (model.move if kind == "move" else model.exchange)(a, b)
         assert {p: n.nid for p, n in nodes.by_path.items()} == model.m
         index_is_exact(nodes)
+        assert {f.nid: p for p, fs in nodes.followers.items() for f in fs} == model.fol  # T9
+        for nid, p in model.fol.items():
+            assert nodes.by_id[nid].path == p and nodes.by_id[nid].follows
         for p in ["", "a", "a/b", "ab", op[1]]:
             assert {n.nid for n in nodes.under(p)} == model.under(p)
 
@@ -124,3 +154,33 @@ def test_bench_nodes_runs() -> None:
 
     r = run(200, reps=3)
     assert set(r) == {"under_us", "move_us", "unmap_subtree_us"} and all(v > 0 for v in r.values())
+
+
+def test_a_passthrough_writers_detached_node_follows_the_renames_of_its_name() -> None:
+    """T9, step by step: ``model.pt.tmp``'s writer node is detached (its name's next lookup gets
+    another node) yet still names the file: a rename of the name, of a directory above it and an
+    exchange move it; a rename over it, an unlink or a forget end its following."""
+    nodes = Nodes()
+    w = nodes.looked_up("run/model.pt.tmp")
+    nodes.detach(w, follow=True)
+    assert nodes.at("run/model.pt.tmp") is None and w.follows
+    other = nodes.looked_up("run/model.pt.tmp")  # a lookup after the detach: another node
+    assert other is not w
+    nodes.move("run/model.pt.tmp", "run/model.pt")
+    assert w.path == other.path == "run/model.pt" and nodes.at("run/model.pt") is other
+    assert w in nodes.under("run")
+    nodes.move("run", "done")
+    assert w.path == "done/model.pt" and nodes.followers == {"done/model.pt": [w]}
+    x = nodes.looked_up("done/x")
+    nodes.exchange("done/model.pt", "done/x")
+    assert w.path == "done/x" and x.path == "done/model.pt"
+    nodes.move("done/model.pt", "done/x")  # renamed over: w's file is no longer at that name
+    assert not w.follows and nodes.followers == {} and w.path == "done/x"
+    v = nodes.looked_up("v.tmp")
+    nodes.detach(v, follow=True)
+    nodes.unmap("v.tmp")
+    assert not v.follows and nodes.followers == {}
+    f = nodes.looked_up("f.tmp")
+    nodes.detach(f, follow=True)
+    nodes.forget(f.nid, 1)
+    assert f.nid not in nodes.by_id and nodes.followers == {}

@@ -33,6 +33,13 @@ T8  A request that resolves a node to its path and then asks the core by path (O
     before the core answered (:meth:`unchanged` is false) it asks again.  Without it an open
     racing a rename over its name opened the *new* file for the old node (its passthrough
     readers read the old one: ESTALE, and under three writers twice in a row, reaching a reader).
+T9  A *follower* (a passthrough writer's node, detached so that other lookups of its name get
+    another node: fuse/passthrough.py P7) still names the file at its path: the kernel's dentry
+    may point to it until the kernel forgets it.  So a rename through the mount (and an exchange)
+    moves the followers at and below the old name with the mapped nodes (T3).  Without it a
+    renamed ``model.pt.tmp`` written through passthrough kept its old path, and ``model.pt``
+    answered ENOENT through the moved dentry (30 of 30 trials).  A follower whose name is renamed
+    over, removed or hidden stops following (it keeps its path, as any detached node).
 """
 
 from __future__ import annotations
@@ -62,6 +69,7 @@ class Node:
     keeper: int = 0  # T7: a read-only handle of that file, held until the kernel forgets the node
     moving: int = 0  # T8: renames (or hides) of its name in progress
     moves: int = 0  # T8: raised at the start and the end of each: an unchanged count means no move
+    follows: bool = False  # T9: a detached node that still names the file at its path
 
 
 def join(parent: str, name: str) -> str:
@@ -91,6 +99,7 @@ class Nodes:
         self.by_path: dict[str, Node] = {"": root}
         self.kids: dict[str, set[str]] = {}
         self.readers: dict[str, Node] = {}  # T5: path -> its reader node (few: paths being rewritten)
+        self.followers: dict[str, list[Node]] = {}  # T9: path -> detached nodes that follow it
         self._next = ROOT_ID + 1
 
     # -- the index (callers hold self.lock) --
@@ -154,6 +163,28 @@ class Nodes:
             gone.append(r)
         return gone
 
+    def _take_followers(self, path: str) -> list[tuple[str, list[Node]]]:
+        """(lock held) Remove and return the followers at and below ``path`` (T9)."""
+        if not self.followers:
+            return []
+        pre = path + "/" if path else ""
+        return [(p, self.followers.pop(p)) for p in [p for p in self.followers if p == path or p.startswith(pre)]]
+
+    def _unfollow(self, path: str) -> None:
+        """(lock held) The followers at and below ``path`` stop following (T9): the name they
+        followed is gone or names another file now; each keeps its path, as any detached node."""
+        for _p, fs in self._take_followers(path):
+            for f in fs:
+                f.follows = False
+
+    def _refollow(self, taken: list[tuple[str, list[Node]]], src: str, dst: str) -> None:
+        """(lock held) Put followers taken at ``src`` (and below) back at ``dst`` (T9)."""
+        for p, fs in taken:
+            q = dst + p[len(src):]
+            for f in fs:
+                f.path = q
+            self.followers.setdefault(q, []).extend(fs)
+
     # -- the operations --
 
     def get(self, nid: int) -> Node | None:
@@ -208,6 +239,8 @@ class Nodes:
                 return n
             if n.nlookup <= 0 and n.opens <= 0:
                 del self.by_id[nid]
+                if n.follows:
+                    self._drop_follower(n)
                 if n.reader:
                     if n.path is not None and self.readers.get(n.path) is n:
                         del self.readers[n.path]
@@ -215,10 +248,25 @@ class Nodes:
                     self._pop(n.path)
             return None
 
+    def _drop_follower(self, n: Node) -> None:
+        """(lock held) ``n`` stops following its path (T9)."""
+        n.follows = False
+        fs = self.followers.get(n.path or "")
+        if fs is not None and n in fs:
+            fs.remove(n)
+            if not fs:
+                del self.followers[n.path or ""]
+
     def unmap(self, path: str, subtree: bool = False) -> list[Node]:
         """The name ``path`` (and, with ``subtree``, every name below it) is gone (T2)."""
         with self.lock:
             below = self._below(path) if subtree else []
+            if self.followers:
+                if subtree:
+                    self._unfollow(path)
+                elif path in self.followers:
+                    for f in self.followers.pop(path):
+                        f.follows = False
             gone = self._drop_readers(path, subtree)
             for p in [path, *below]:
                 n = self._pop(p)
@@ -227,15 +275,19 @@ class Nodes:
                     gone.append(n)
             return gone
 
-    def detach(self, n: Node) -> None:
+    def detach(self, n: Node, follow: bool = False) -> None:
         """Give ``n``'s name a fresh node at the next lookup; ``n`` keeps its path for requests
-        on its open handles (passthrough: a kernel inode reads one backing file, fuse/passthrough.py)."""
+        on its open handles (passthrough: a kernel inode reads one backing file, fuse/passthrough.py).
+        ``follow``: ``n`` still names the file at its path and follows its renames (T9)."""
         with self.lock:
             if n.reader:
                 if n.path is not None and self.readers.get(n.path) is n:
                     del self.readers[n.path]  # keeps its path: its handles' requests name it
             elif n.path is not None and self.by_path.get(n.path) is n:
                 self._pop(n.path)
+                if follow and not n.follows:
+                    n.follows = True
+                    self.followers.setdefault(n.path, []).append(n)
 
     def begin_move(self, *paths: str) -> list[Node]:
         """T8: the names ``paths`` (and every name below them) are about to move or be hidden; the
@@ -274,6 +326,9 @@ class Nodes:
         with self.lock:
             self._drop_readers(old, True, renamed=True)
             self._drop_readers(new, True, renamed=True)
+            following = self._take_followers(old)  # T9
+            if self.followers:
+                self._unfollow(new)
             for p in [new, *self._below(new)]:
                 victim = self._pop(p)
                 if victim is not None:
@@ -284,6 +339,7 @@ class Nodes:
                 if m is not None:
                     m.path = new + p[len(old):]
                     self._put(m.path, m)
+            self._refollow(following, old, new)
 
     def exchange(self, a: str, b: str) -> None:
         """RENAME_EXCHANGE: the nodes (and subtrees) at ``a`` and ``b`` swap names."""
@@ -291,11 +347,14 @@ class Nodes:
             self._drop_readers(a, True, renamed=True)
             self._drop_readers(b, True, renamed=True)
             sides = [[(p, self._pop(p)) for p in [src, *self._below(src)]] for src in (a, b)]
+            following = [self._take_followers(a), self._take_followers(b)]  # T9
             for (src, dst), side in zip(((a, b), (b, a)), sides, strict=True):
                 for p, m in side:
                     if m is not None:
                         m.path = dst + p[len(src):]
                         self._put(m.path, m)
+            self._refollow(following[0], a, b)
+            self._refollow(following[1], b, a)
 
     def under(self, path: str) -> list[Node]:
         """Mapped nodes at ``path`` and below it, reader nodes included."""
@@ -304,4 +363,6 @@ class Nodes:
             got = [n for p in [path, *self._below(path)] if (n := self.by_path.get(p)) is not None]
             if self.readers:
                 got += [r for p, r in self.readers.items() if p == path or p.startswith(pre)]
+            if self.followers:
+                got += [f for p, fs in self.followers.items() if p == path or p.startswith(pre) for f in fs]
             return got

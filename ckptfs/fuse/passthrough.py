@@ -36,7 +36,9 @@ P7  A writer's new version of a checkpoint file (a create or an O_TRUNC rewrite 
     to its *staging* file: the kernel writes (and reads back) its bytes directly, no WRITE reaches
     the daemon, and the version's digest is computed from the staging file at its seal.  The
     node's key names the writer's handle, so every other open of the node is split off (P2) while
-    it is open, and the node is detached at once: no later lookup of the name returns it.  A
+    it is open, and the node is detached at once: no later lookup of the name returns it, but
+    the kernel's dentry may, so the node follows the name's renames (nodes.py T9).  Besides
+    checkpoint files, an already-atomic writer's temporary file of one (``model.pt.tmp``) gets it.  A
     write after the seal goes to the installed file: fs.CkptFS._after_bypass (W2).
 P3  Where registering a backing file fails (no CAP_SYS_ADMIN, a backing filesystem that stacks
     too deep: ELOOP, no kernel support), the open falls back to daemon reads; counted in
@@ -200,8 +202,9 @@ class Passthrough:
             self.mode[fh] = (node, PASSTHROUGH)
         # the writer keeps its kernel inode to itself: every later lookup of the name gets another
         # node, so an open answered ESTALE for meeting it (P2) never meets it again at the VFS's
-        # one repeat (an isolated reader's second ESTALE would reach the application)
-        self.ops.nodes.detach(node)
+        # one repeat (an isolated reader's second ESTALE would reach the application); it still
+        # names the file, and follows its renames (nodes.py T9)
+        self.ops.nodes.detach(node, follow=True)
         self.fs.bypass(fh)  # before the reply: no write of the application's can precede it
         return k.FOPEN_PASSTHROUGH, bid
 
