@@ -26,3 +26,14 @@ def torch_bytes(x: float) -> bytes:
     buf = io.BytesIO()
     torch.save({"w": torch.full((4,), x)}, buf)
     return buf.getvalue()
+
+
+def staging_leftovers(root: str | os.PathLike[str], fs: CkptFS) -> list[str]:
+    """Files in ``root``'s ``.ckptfs/staging`` that are neither a version in use nor an empty file
+    the staging pool holds (engine/pool.py P1): a leaked staging file."""
+    from ckptfs.layout import STAGING
+
+    pool = fs.staging.pool.held() if fs.staging.pool is not None else set()
+    in_use = {v.staging for v in fs.pending.values()}
+    return sorted(n for n in os.listdir(os.path.join(root, STAGING))
+                  if f"{STAGING}/{n}" not in pool and f"{STAGING}/{n}" not in in_use)

@@ -18,6 +18,7 @@ import pytest
 from ckptfs.backing import OsBackingStore
 from ckptfs.fs import CkptFS
 from ckptfs.layout import TRASH
+from ckptfs_testing.direct import staging_leftovers
 from ckptfs_testing.direct import torch_bytes as _torch_bytes
 from ckptfs_testing.direct import write_file as _write
 from ckptfs_testing.faults import FaultyStore
@@ -248,7 +249,7 @@ def test_a_truncating_open_never_brings_back_a_file_unlinked_meanwhile(tmp_path:
         assert e.value.errno == errno.ESTALE
         fs.staging.new_version_like = make  # type: ignore[method-assign]
         assert not (tmp_path / "a").exists() and "a" not in fs.records and "a" not in fs.pending
-        assert os.listdir(tmp_path / ".ckptfs" / "staging") == []
+        assert staging_leftovers(tmp_path, fs) == []
     finally:
         fs.shutdown()
 
@@ -302,6 +303,6 @@ def test_a_failed_late_commit_at_release_does_no_disk_work_under_the_lock(tmp_pa
         store.watching = False
         assert store.under_lock == []
         assert not (tmp_path / "m.safetensors").exists()
-        assert os.listdir(tmp_path / ".ckptfs" / "staging") == []
+        assert staging_leftovers(tmp_path, fs) == []
     finally:
         fs.shutdown()

@@ -120,14 +120,14 @@ def test_daemon_killed_at_random_times(tmp_path: Path, commit: str) -> None:
 
 
 def test_the_staging_pool_gives_new_files_their_own_times_and_leaves_nothing_behind(tmp_path: Path) -> None:
-    """Issue 27, engine/pool.py: new versions take empty files made ahead in ``.ckptfs/pool``.  A
+    """Issue 27, engine/pool.py: new versions take empty files made ahead in ``.ckptfs/staging``.  A
     file made from one has its creation's mode and times, not the pooled file's (P2); the pool holds
     nothing after a clean unmount, and recovery deletes what a killed daemon left there (P1), as it
     deletes ``staging/``."""
     d, b = tmp_path / "ckpts", tmp_path / "backing"  # (in place, .ckptfs is hidden under the mount)
     d.mkdir()
     b.mkdir()
-    pool = b / META_DIR / "pool"
+    pool = b / META_DIR / "staging"  # (made there under their versions' names: no rename, P1)
     m = Mount(d, backing=b).start()
     try:
         (m.path / "first.txt").write_bytes(b"1")  # starts the pool's thread

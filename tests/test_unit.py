@@ -500,8 +500,10 @@ def test_a_users_hard_link_between_a_temporary_name_and_its_target_survives_an_u
 @pytest.mark.parametrize("pool", ["1", "0"])
 def test_the_staging_pool_switch(tmp_path, monkeypatch, pool) -> None:
     """``CKPTFS_STAGING_POOL=0`` (README, engine/pool.py) turns the pool off: new versions make their
-    staging file on the request path and ``.ckptfs/pool`` stays empty; on (the default) the pool
-    gives them.  Either way the files commit."""
+    staging file on the request path and ``.ckptfs/staging`` holds nothing once they are installed;
+    on (the default) the pool keeps empty files there and gives them, as they are: a small file's
+    save renames once (its install), as a native tmp + rename does (issue 27: the pool's files were
+    renamed into ``staging/``, two renames).  Either way the files commit."""
     monkeypatch.setenv("CKPTFS_STAGING_POOL", pool)
     store = OsBackingStore(str(tmp_path))
     fs = CkptFS(store)
@@ -509,16 +511,24 @@ def test_the_staging_pool_switch(tmp_path, monkeypatch, pool) -> None:
         assert (fs.staging.pool is not None) == (pool == "1")
         save(fs, "f0.txt", b"x" * 10)  # (the first new version starts the pool's thread)
         deadline = time.monotonic() + 10
-        while pool == "1" and not os.listdir(tmp_path / ".ckptfs" / "pool") and time.monotonic() < deadline:
+        while pool == "1" and len(fs.staging.pool.free) < 2 and time.monotonic() < deadline:  # type: ignore[union-attr]
             time.sleep(0.02)
+        renames: list[tuple[str, str]] = []
+        real = store.rename
+        store.rename = lambda a, b: (renames.append((a, b)), real(a, b))[1]  # type: ignore[method-assign]
         for i in (1, 2):
             save(fs, f"f{i}.txt", b"x" * 10)
         assert all((tmp_path / f"f{i}.txt").read_bytes() == b"x" * 10 for i in range(3))
         taken = fs.staging.pool.taken if fs.staging.pool is not None else 0
+        left = os.listdir(tmp_path / ".ckptfs" / "staging")
+        assert [b for _a, b in renames] == ["f1.txt", "f2.txt"], renames  # the installs only
         if pool == "0":
-            assert not os.listdir(tmp_path / ".ckptfs" / "pool") and not taken
+            assert not left and not taken
         else:
-            assert taken >= 2
+            assert taken >= 2 and left  # the pool's files, empty and the daemon's own (P1)
+            for n in left:
+                st = os.stat(tmp_path / ".ckptfs" / "staging" / n)
+                assert st.st_size == 0 and st.st_mode & 0o7777 == 0o600
     finally:
         fs.shutdown()
         store.shutdown()

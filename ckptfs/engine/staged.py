@@ -135,19 +135,14 @@ class Staging:
     def staging_name(self) -> str:
         return f"{STAGING}/{uuid.uuid4().hex}"
 
-    def _pooled(self, name: str) -> int | None:
-        """An empty file made ahead (engine/pool.py), renamed to ``name`` and dated now (it was made
-        earlier: a new file's times are its creation's); None where the pool has none."""
+    def _pooled(self) -> tuple[str, int] | None:
+        """(staging name, fd) of an empty file made ahead in ``staging/`` (engine/pool.py), dated
+        now (it was made earlier: a new file's times are its creation's); None where the pool has
+        none."""
         got = self.pool.take() if self.pool is not None else None
         if got is None:
             return None
-        made, fd = got
-        try:
-            self.store.rename(made, name)
-        except OSError as e:  # (left in pool/: recovery deletes it, P1)
-            log.debug("staging pool: %s: %s", made, e)
-            self.store.close(fd)
-            return None
+        name, fd = got
         try:
             self.store.utime(name, None)
         except OSError as e:  # never leave ``name`` behind: the caller creates it with O_EXCL
@@ -156,7 +151,7 @@ class Staging:
             with contextlib.suppress(OSError):
                 self.store.unlink(name)
             return None
-        return fd
+        return name, fd
 
     def new_owner(self, path: str, caller: Caller) -> tuple[int, int]:
         """Owner of a new file, directory, node or link at ``path``, as the kernel gives it natively:
@@ -181,9 +176,11 @@ class Staging:
         the bytes only, as an in-place write does natively.  A new file gets exactly the requested
         mode (the kernel has applied the caller's umask; the daemon runs with umask 0) and the
         owner :meth:`_new_owner` gives."""
-        name = self.staging_name()
-        fd = self._pooled(name)
-        if fd is None:
+        got = self._pooled()
+        if got is not None:
+            name, fd = got
+        else:
+            name = self.staging_name()
             fd = self.store.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         v = Version(path=path, staging=name, fd=fd)
         try:
