@@ -307,6 +307,33 @@ def test_a_checkpoint_writer_writes_its_staging_file_directly(tmp_path: Path, by
     assert "0 corrupt" in _verify_offline(d)
 
 
+def test_async_mode_hashes_a_passthrough_written_file_on_the_committer_not_in_close(tmp_path: Path) -> None:
+    """C4 (issue 27, W2 async stall): with ``--commit=async`` a checkpoint written through writer
+    passthrough (the daemon saw none of its bytes) is hashed on the committer's thread before its
+    install, not in the application's ``close()``: the close returns after the format check.  The
+    record made there is the file's (verified through the mount and offline), a reader sees the
+    queued version at once (read-your-writes), and a directory fsync waits for the install."""
+    d = tmp_path / "m"
+    d.mkdir()
+    with Mount(d, commit="async") as m:
+        s0 = stats(m)
+        sd = {"w": torch.randn(2 << 20)}
+        for i in range(3):
+            torch.save(sd, m.path / f"model{i}.pt")
+        assert torch.equal(torch.load(m.path / "model2.pt")["w"], sd["w"])
+        dfd = os.open(m.path, os.O_RDONLY | os.O_DIRECTORY)
+        os.fsync(dfd)
+        os.close(dfd)
+        s1 = stats(m)
+        assert s1.get("passthrough_writers", 0) - s0.get("passthrough_writers", 0) == 3
+        assert s1.get("digests_deferred", 0) - s0.get("digests_deferred", 0) == 3
+        assert s1.get("fuse_write", 0) == s0.get("fuse_write", 0)
+        for i in range(3):
+            assert os.getxattr(m.path / f"model{i}.pt", "user.ckptfs.status") == b"committed"
+            assert torch.equal(torch.load(m.path / f"model{i}.pt")["w"], sd["w"])
+    assert "0 corrupt" in _verify_offline(d)
+
+
 def test_an_atomic_writers_temporary_file_of_a_checkpoint_is_written_through_passthrough(tmp_path: Path) -> None:
     """Issue 27: an already-atomic writer (``model.pt.tmp``, fsync, rename over ``model.pt``, fsync of
     the directory) gets writer passthrough for its temporary file too: no WRITE reaches the daemon,

@@ -17,6 +17,11 @@ Install protocol (docs/design.md, "Commit protocol"), one version at a time unde
 
 So a new file costs two syncs, as an application's own tmp + fsync + rename + dir fsync does.
 
+Async mode (:class:`Committer`): the flush seals (format check, digest) and queues; the committer
+installs in close order.  C4: a digest that needs the whole file read back (writer passthrough)
+is made on the committer's thread before the install, outside ``commit_lock``
+(:meth:`CommitEngine.finish_seal`): the close returns after the format check.
+
 Each step is its own method (:meth:`CommitEngine.sync_data` ... :meth:`CommitEngine.sync_name`), so
 the model checker's known-bad variants (ckptfs_testing/mc_workloads.py) override one step instead of
 copying the sequence.
@@ -224,29 +229,18 @@ class CommitEngine:
                 if self.groups is not None:
                     self.groups.write_refused(v.path, reason)
                 raise _err(errno.EIO, f"ckptfs: refusing to commit incomplete {v.path}: {reason}")
-        flusher = None
         if v.bypassed:
             v.sealed_key = (size, st.st_mtime_ns)  # a later write changes it (fs.CkptFS._after_bypass)
             self.stats["bytes_passed_through"] += size  # written by the kernel (bytes_written: by us)
-            if size - v.hinted > WRITEBACK_AHEAD:
-                # the kernel wrote its bytes without us: start the writeback of those the pacer has
-                # not started yet (fs.CkptFS._pace_writeback) while they are hashed
-                flusher = threading.Thread(target=self.store.writeback_hint, args=(v.fd, v.hinted, size - v.hinted),
-                                           name="ckptfs-writeback", daemon=True)
-                flusher.start()
-        try:
-            got = v.digest.finish(size)
-            if got is None:
-                self.stats["rehashes"] += 1
-                got = digest_fd(self.store, v.fd, size, parallel=v.bypassed)
-        finally:
-            if flusher is not None:
-                flusher.join()
-        v.seal_seconds = time.monotonic() - t0
-        v.record = FileRecord(  # generation is assigned at install, in commit order
-            size=size, blake3=got[0], chunks=got[1], generation=0,
-            committed_at=time.time(), ino=st.st_ino,
-        )
+        got = v.digest.finish(size)
+        if got is None and self.committer is not None and not at_fsync:
+            # C4: async mode hashes the whole file on the committer's thread, before its install;
+            # the close returns now, as an unsafe write's does (it stalled for the 1 GiB read-back)
+            v.digest_due = st
+            v.seal_seconds = time.monotonic() - t0
+            self.stats["digests_deferred"] += 1
+        else:
+            self._make_record(v, st, got, t0)
         with self.lock:  # (retire() decides under lock too: a version is never both discarded and sealed)
             if v.state != OPEN:
                 raise _err(errno.EIO, f"ckptfs: {v.path} not committed: {v.doomed or 'discarded'}")
@@ -258,6 +252,41 @@ class CommitEngine:
             else:
                 v.state = COMMITTING
         return True
+
+    def finish_seal(self, v: Version) -> None:
+        """C4: the digest and record of a version sealed with its digest due (async mode), on the
+        committer's thread before its install (outside ``commit_lock``: a 1 GiB read-back never
+        holds up another commit's install)."""
+        st = v.digest_due
+        if st is None or v.record is not None or v.unlinked:
+            return  # (an unlinked version is discarded by its install, unhashed)
+        self._make_record(v, st, None, time.monotonic())
+        v.digest_due = None
+
+    def _make_record(self, v: Version, st: os.stat_result, got: tuple[str, str] | None, t0: float) -> None:
+        """Hash v's ``st.st_size`` bytes where ``got`` (the streamed digest) is None, and fill in its
+        record (generation assigned at install)."""
+        size = st.st_size
+        flusher = None
+        if v.bypassed:
+            if size - v.hinted > WRITEBACK_AHEAD:
+                # the kernel wrote its bytes without us: start the writeback of those the pacer has
+                # not started yet (fs.CkptFS._pace_writeback) while they are hashed
+                flusher = threading.Thread(target=self.store.writeback_hint, args=(v.fd, v.hinted, size - v.hinted),
+                                           name="ckptfs-writeback", daemon=True)
+                flusher.start()
+        try:
+            if got is None:
+                self.stats["rehashes"] += 1
+                got = digest_fd(self.store, v.fd, size, parallel=v.bypassed)
+        finally:
+            if flusher is not None:
+                flusher.join()
+        v.seal_seconds += time.monotonic() - t0
+        v.record = FileRecord(  # generation is assigned at install, in commit order
+            size=size, blake3=got[0], chunks=got[1], generation=0,
+            committed_at=time.time(), ino=st.st_ino,
+        )
 
     def commit(self, v: Version, wait: bool, at_fsync: bool = False) -> bool:
         """Seal and commit v (sync: inline; async: queued, optionally waited).
@@ -543,6 +572,7 @@ class Committer:
                 v = self.queue.popleft()
                 self.busy = True
             try:
+                eng.finish_seal(v)  # C4: its digest, if its close left it due
                 with eng.commit_lock:
                     with eng.lock:
                         unreported = eng.async_failures[:1]

@@ -76,6 +76,9 @@ class Version:
     shows_ino: int = 0  # bypassed: the backing inode whose path shows its bytes once installed
     hinted: int = 0  # bypassed: bytes from offset 0 whose writeback was started (the facade's pacer)
     seal_seconds: float = 0.0  # how long its seal took (hashing, format check): part of its commit time
+    # async mode (C4, engine/commit.py): the sealed file's stat whose digest the committer computes
+    # before the install (the close returned after the format check); None: the record is made
+    digest_due: os.stat_result | None = None
     keep_prev: bool = True  # False: the file it replaces is no generation to keep (written in place, W2)
     # made by a write through an open that neither created nor truncated the file (copy-on-write of
     # the committed file, ``CkptFS._writable_version``) and not emptied since: an in-place change,
