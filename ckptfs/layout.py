@@ -5,8 +5,9 @@ through the mount, I4); everything else is the user's files, plain::
 
     .ckptfs/journal.<epoch>    intent journal (log/journal.py)
     .ckptfs/snapshot           compacted journal state
-    .ckptfs/staging/<uuid>     shadow copies being written (engine/staged.py)
-    .ckptfs/pool/<uuid>        empty files made ahead for new versions (engine/pool.py)
+    .ckptfs/staging/<uuid>     shadow copies being written (engine/staged.py), and empty files
+                               made ahead for new versions (engine/pool.py)
+    .ckptfs/pool/<uuid>        (where an earlier version made those: recovery empties it)
     .ckptfs/generations/<id>   kept previous versions of overwritten files (engine/generations.py)
     .ckptfs/groups/<id>.*      group MANIFEST and COMMIT (engine/seals.py)
     .ckptfs/quarantine/<id>    torn and corrupt groups moved aside (engine/quarantine.py lists them)
