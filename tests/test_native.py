@@ -16,7 +16,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -254,6 +254,22 @@ def test_passthrough_off_serves_reads_through_the_daemon(tmp_path: Path) -> None
         assert s1.get("fuse_read", 0) > s0.get("fuse_read", 0) and not s1.get("passthrough_opens")
 
 
+def _at_half_way(w: subprocess.Popen, check: Callable[[], None]) -> None:
+    """Run ``check`` once writer ``w`` printed ``half`` (it then waits for a line on stdin), then
+    let it finish; it must exit 0.  Killed if anything fails on the way."""
+    try:
+        assert w.stdout is not None and w.stdin is not None
+        assert w.stdout.readline().strip() == "half"
+        check()
+        w.stdin.write("go\n")
+        w.stdin.close()
+        assert w.wait(60) == 0
+    finally:
+        if w.poll() is None:
+            w.kill()
+            w.wait()
+
+
 def _verify_offline(backing: Path) -> str:
     """``ckptfs verify`` of an unmounted backing directory: every record against its file."""
     r = subprocess.run([sys.executable, "-m", "ckptfs", "verify", str(backing)], capture_output=True, text=True)
@@ -284,17 +300,11 @@ def test_a_checkpoint_writer_writes_its_staging_file_directly(tmp_path: Path, by
                               "f.flush()\nprint('half', flush=True)\nsys.stdin.readline()\n"
                               "f.write(data[len(data) // 2:])\nf.close()"],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        try:
-            assert w.stdout is not None and w.stdin is not None
-            assert w.stdout.readline().strip() == "half"
+
+        def mid_save() -> None:
             assert p.read_bytes() == old  # mid-save: the committed version, whole (V1)
-            w.stdin.write("go\n")
-            w.stdin.close()
-            assert w.wait(60) == 0
-        finally:
-            if w.poll() is None:
-                w.kill()
-                w.wait()
+
+        _at_half_way(w, mid_save)
         s1 = stats(m)
         assert p.read_bytes() == src.read_bytes()
         assert os.getxattr(p, "user.ckptfs.status") == b"committed"
@@ -358,17 +368,11 @@ def test_an_atomic_writers_temporary_file_of_a_checkpoint_is_written_through_pas
                               f"os.rename({str(tmp)!r}, {str(final)!r})\n"
                               f"dfd = os.open({str(m.path)!r}, os.O_RDONLY)\nos.fsync(dfd)"],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        try:
-            assert w.stdout is not None and w.stdin is not None
-            assert w.stdout.readline().strip() == "half"
+
+        def mid_save() -> None:
             assert tmp.read_bytes() == data[:len(data) // 2]  # not isolated: what was written so far
-            w.stdin.write("go\n")
-            w.stdin.close()
-            assert w.wait(60) == 0
-        finally:
-            if w.poll() is None:
-                w.kill()
-                w.wait()
+
+        _at_half_way(w, mid_save)
         s1 = stats(m)
         assert final.read_bytes() == data and not tmp.exists()
         assert os.getxattr(final, "user.ckptfs.status") == b"committed"
