@@ -484,6 +484,55 @@ def test_a_resave_shows_other_jobs_the_last_seal(tmp_path: Path, how: str) -> No
         assert "model.pt.tmp" not in after["dir"], after
 
 
+def test_a_sealed_view_open_racing_the_install_of_the_resaved_file_serves_the_sealed_file(tmp_path: Path) -> None:
+    """RS1 under the race the re-save race campaign met once in ~7,000 passes (a reader of another
+    job read ``model.bin`` of the save being written beside the sealed ``optim.bin``): the view
+    picks the sealed file at its path and opens it; the writer's close installs the new file and
+    its record right then; the open was checked against the path's record *now*, found another
+    inode and reopened the path: the new file, served as sealed.  Now it is checked against the
+    sealed record and the reader gets the sealed bytes.  Driven on the filesystem object, the
+    install placed exactly in that window."""
+    from ckptfs.backing import OsBackingStore
+    from ckptfs.fs import Caller, CkptFS
+    from ckptfs_testing.direct import write_file
+
+    fs = CkptFS(OsBackingStore(str(tmp_path)), housekeeping_interval=0)
+    reader = subprocess.Popen(["setsid", "sleep", "60"])  # a process of another job (session)
+    try:
+        me = Caller(pid=os.getpid())
+        fs.mkdir("checkpoint-1", 0o755)
+        for name, data in (("model.bin", b"A" * 5000), ("optim.bin", b"B" * 3000),
+                           ("trainer_state.json", b'{"global_step": 1}')):
+            write_file(fs, f"checkpoint-1/{name}", data, pid=me.pid)
+        g = fs.grp.group_of("checkpoint-1/model.bin")
+        assert g is not None and g.state == "sealed"
+        fh = fs.open("checkpoint-1/model.bin", os.O_WRONLY | os.O_TRUNC, me)  # the re-save
+        fs.write(fh, b"N" * 7000, 0, me)
+        assert g.state == "open"
+        real = fs._sealed_file
+        installed = []
+
+        def install_meanwhile(path, caller, get):  # type: ignore[no-untyped-def]
+            got = real(path, caller, get)
+            if path == "checkpoint-1/model.bin" and get is not fs.store.lstat and not installed:
+                fs.flush(fh, me)  # the writer's close: its file and record installed now
+                fs.release(fh, me)
+                installed.append(True)
+            return got
+
+        fs._sealed_file = install_meanwhile  # type: ignore[method-assign]
+        other = Caller(pid=reader.pid)
+        rh = fs.open("checkpoint-1/model.bin", os.O_RDONLY, other)
+        assert installed and fs.stats["sealed_view_opens"] == 1
+        assert fs.read(rh, 10000, 0) == b"A" * 5000  # the sealed file, not the re-save's
+        fs.release(rh, other)
+        assert (tmp_path / "checkpoint-1" / "model.bin").read_bytes() == b"N" * 7000
+    finally:
+        reader.kill()
+        reader.wait()
+        fs.shutdown()
+
+
 @pytest.mark.portable
 def test_the_resave_race_harness_catches_a_mount_without_the_sealed_view(tmp_path: Path) -> None:
     """RS1 under a race (``scripts/resave_race_campaign``, ``ckptfs_testing/resave_race.py``): a

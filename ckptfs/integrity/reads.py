@@ -252,14 +252,17 @@ class Integrity:
         return self.gens.plan(prev)
 
     # ---------------------------------------------------------- open/read
-    def open_committed(self, path: str, fd: int) -> tuple[int, Check | None]:
+    def open_committed(self, path: str, fd: int, expect: FileRecord | None = None) -> tuple[int, Check | None]:
         """Check a just-opened committed file; return the fd to serve and its Check.
 
         Takes ownership of ``fd``: on EIO (corrupt, no rollback applies) it is
         closed; the returned fd may be another one (a kept generation, or the
         path reopened after a concurrent install) and ``fd`` is then closed.
+        ``expect``: the record ``fd``'s file must be checked against (RS1: a sealed view serves
+        the sealed file even where a commit has installed another at the path since); else the
+        path's record now.
         """
-        rec = self.records.get(path)
+        rec = expect if expect is not None else self.records.get(path)
         if rec is None:
             return fd, None  # untracked: written without ckptfs
         self.store.readahead_hint(fd)
@@ -268,7 +271,7 @@ class Integrity:
         except BaseException:
             self.store.close(fd)
             raise
-        if rec.ino and st.st_ino != rec.ino:
+        if rec.ino and st.st_ino != rec.ino and expect is None:
             # a commit may be installing this path right now: decide under the commit lock
             with self.commit_lock:
                 rec = self.records.get(path)
