@@ -23,7 +23,7 @@ files isolated one by one).  Once the group is sealed again everyone sees the ne
 Intent (RS1): while a re-save of a sealed group is open, a process outside its writers' job
 reads no byte, size or name that is not the group's last seal.  Known limits: a sealed file
 rewritten *in place* (opened for writing without ``O_TRUNC``) changes under the view until it is
-closed (its bytes are the path's); and under load a reader gets ESTALE about once per 2,000-9,000
+closed (its bytes are the path's); and under load a reader gets ESTALE about once per 2,000-13,000
 passes on the native transport (``scripts/resave_race_campaign``, docs/results/readers.md).  A
 rare mixed pass (one in ~7,000-28,000) came from an open racing the install of the re-saved file:
 the sealed file was checked against the path's new record and the path reopened, serving the new
