@@ -411,12 +411,11 @@ class CkptFS:
             return None
         fd, b, rec = got
         if b == path:
-            # the sealed file itself (its inode is the sealed record's): checked against that
-            # record, not the path's record now, which a commit installing the re-save's file may
-            # have changed since (open_committed then reopened the path: the new file, served to
-            # another job as sealed; the re-save race campaign's rare mixed pass)
-            sealed_itself = bool(rec.ino) and self.store.fstat(fd).st_ino == rec.ino
-            fd, chk = self.integrity.open_committed(path, fd, rec if sealed_itself else None)
+            # the sealed file itself: checked against the sealed record, not the path's record
+            # now, which a commit installing the re-save's file may have changed since (checked
+            # against that one, the path was reopened: the new file, served to another job as
+            # sealed; the re-save race campaign's rare mixed pass)
+            fd, chk = self.integrity.open_committed(path, fd, rec if rec.ino else None)
         else:
             chk = self.integrity.open_kept(path, fd, rec)
         self.integrity.bind(fd, chk)

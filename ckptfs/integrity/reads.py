@@ -258,9 +258,9 @@ class Integrity:
         Takes ownership of ``fd``: on EIO (corrupt, no rollback applies) it is
         closed; the returned fd may be another one (a kept generation, or the
         path reopened after a concurrent install) and ``fd`` is then closed.
-        ``expect``: the record ``fd``'s file must be checked against (RS1: a sealed view serves
-        the sealed file even where a commit has installed another at the path since); else the
-        path's record now.
+        ``expect``: the record ``fd``'s file is checked against where ``fd`` is that record's
+        inode (RS1: a sealed view serves the sealed file even where a commit has installed another
+        at the path since); otherwise, and without it, the path's record now.
         """
         rec = expect if expect is not None else self.records.get(path)
         if rec is None:
@@ -271,7 +271,7 @@ class Integrity:
         except BaseException:
             self.store.close(fd)
             raise
-        if rec.ino and st.st_ino != rec.ino and expect is None:
+        if rec.ino and st.st_ino != rec.ino:
             # a commit may be installing this path right now: decide under the commit lock
             with self.commit_lock:
                 rec = self.records.get(path)
