@@ -163,17 +163,18 @@ class Nodes:
             gone.append(r)
         return gone
 
-    def _take_followers(self, path: str) -> list[tuple[str, list[Node]]]:
-        """(lock held) Remove and return the followers at and below ``path`` (T9)."""
+    def _take_followers(self, path: str, subtree: bool = True) -> list[tuple[str, list[Node]]]:
+        """(lock held) Remove and return the followers at ``path`` (and below it) (T9)."""
         if not self.followers:
             return []
         pre = path + "/" if path else ""
-        return [(p, self.followers.pop(p)) for p in [p for p in self.followers if p == path or p.startswith(pre)]]
+        hit = [p for p in self.followers if p == path or subtree and p.startswith(pre)]
+        return [(p, self.followers.pop(p)) for p in hit]
 
-    def _unfollow(self, path: str) -> None:
-        """(lock held) The followers at and below ``path`` stop following (T9): the name they
+    def _unfollow(self, path: str, subtree: bool = True) -> None:
+        """(lock held) The followers at ``path`` (and below it) stop following (T9): the name they
         followed is gone or names another file now; each keeps its path, as any detached node."""
-        for _p, fs in self._take_followers(path):
+        for _p, fs in self._take_followers(path, subtree):
             for f in fs:
                 f.follows = False
 
@@ -261,12 +262,7 @@ class Nodes:
         """The name ``path`` (and, with ``subtree``, every name below it) is gone (T2)."""
         with self.lock:
             below = self._below(path) if subtree else []
-            if self.followers:
-                if subtree:
-                    self._unfollow(path)
-                elif path in self.followers:
-                    for f in self.followers.pop(path):
-                        f.follows = False
+            self._unfollow(path, subtree)
             gone = self._drop_readers(path, subtree)
             for p in [path, *below]:
                 n = self._pop(p)
@@ -327,8 +323,7 @@ class Nodes:
             self._drop_readers(old, True, renamed=True)
             self._drop_readers(new, True, renamed=True)
             following = self._take_followers(old)  # T9
-            if self.followers:
-                self._unfollow(new)
+            self._unfollow(new)
             for p in [new, *self._below(new)]:
                 victim = self._pop(p)
                 if victim is not None:
