@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import Mount, run_py
+from conftest import Mount, kill_if_running, release_and_reap, run_py
 
 from ckptfs import events
 from ckptfs.fuse import kernel as k
@@ -258,16 +258,12 @@ def _at_half_way(w: subprocess.Popen, check: Callable[[], None]) -> None:
     """Run ``check`` once writer ``w`` printed ``half`` (it then waits for a line on stdin), then
     let it finish; it must exit 0.  Killed if anything fails on the way."""
     try:
-        assert w.stdout is not None and w.stdin is not None
+        assert w.stdout is not None
         assert w.stdout.readline().strip() == "half"
         check()
-        w.stdin.write("go\n")
-        w.stdin.close()
-        assert w.wait(60) == 0
+        assert release_and_reap(w) == 0
     finally:
-        if w.poll() is None:
-            w.kill()
-            w.wait()
+        kill_if_running(w)
 
 
 def _verify_offline(backing: Path) -> str:
