@@ -741,7 +741,7 @@ class CkptFS:
         if v.state == staged.OPEN or not v.sealed_key:
             return
         if v.state in (staged.QUEUED, staged.COMMITTING):
-            v.done.wait()  # its install first (async mode)
+            self.commit.wait_done(v)  # its install first (async mode)
         if v.state != staged.INSTALLED:
             return
         with self._w2_lock:  # (a utime's own change of the mtime is never taken for a write)
@@ -788,7 +788,7 @@ class CkptFS:
         (``_after_bypass``).  False if the version is gone (discarded): the caller makes a new
         version as for any handle."""
         if v.state in (staged.QUEUED, staged.COMMITTING):
-            v.done.wait()  # its install first (async mode)
+            self.commit.wait_done(v)  # its install first (async mode)
         with v.lock:
             if v.state != staged.INSTALLED or v.fd < 0:
                 return False

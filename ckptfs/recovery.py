@@ -7,7 +7,8 @@ Algorithm (idempotent; a crash at any step is repaired by running it again):
 2. Replay (engine/replay.py) every intent except the last one: each completed durably before the
    next intent was appended (single in-flight invariant, I2), so it goes into the record map.
 3. Finish the last intent if its effect can be completed from durable state (roll forward),
-   otherwise drop it (the path keeps its previous version).
+   otherwise drop it (the path keeps its previous version).  An async group commit's intent
+   (``install_batch``, engine/commit.py C5) is finished file by file, in close order.
 4. Delete all staging debris: no staged file is referenced any more.
 5. Reconcile records with the files on disk (offline changes, see :func:`classify`): a record is
    dropped if its file vanished or was replaced by a *new* file; it is kept (and verification will
@@ -42,7 +43,7 @@ from ckptfs import META_DIR, crashpoints, trust
 from ckptfs.backing import BackingStore
 from ckptfs.engine import quarantine as qt
 from ckptfs.engine.generations import GenEntry, link_for_recovery, reconcile
-from ckptfs.engine.replay import PARSE_ERRORS, Replayed, replay
+from ckptfs.engine.replay import BATCH, PARSE_ERRORS, Replayed, batch_items, replay
 from ckptfs.engine.rollback import OP as ROLLBACK
 from ckptfs.engine.rollback import apply_rollback, apply_rollback_state, make_durable, rollback_plan
 from ckptfs.engine.seals import (
@@ -741,10 +742,17 @@ def recover(store: BackingStore, journal: Journal | None = None, seal_parts: boo
     elif r.held is not None:
         last = r.held
         try:
-            rep.inflight = f"{last['op']} {last.get('path') or last.get('src')}"
-            rep.inflight_completed = finish_inflight(store, last)
-            if rep.inflight_completed:
-                r.apply(last)
+            if last["op"] == BATCH:  # C5: every install of the batch finished, in close order
+                items = batch_items(last)
+                rep.inflight = f"{BATCH} of {len(items)}"
+                done = [it for it in items if finish_inflight(store, it)]
+                rep.inflight_completed = len(done) == len(items)
+                r.apply(dict(last, items=done))
+            else:
+                rep.inflight = f"{last['op']} {last.get('path') or last.get('src')}"
+                rep.inflight_completed = finish_inflight(store, last)
+                if rep.inflight_completed:
+                    r.apply(last)
         except PARSE_ERRORS as err:
             rep.inflight_completed = False
             rep.problems.append(f"last journal entry untrusted ({err!r}); not rolled forward")

@@ -22,6 +22,24 @@ installs in close order.  C4: a digest that needs the whole file read back (writ
 is made on the committer's thread before the install, outside ``commit_lock``
 (:meth:`CommitEngine.finish_seal`): the close returns after the format check.
 
+Async group commit (:meth:`CommitEngine.install_batch`, C5): versions queued behind each other
+are installed together, in close order, at a fraction of a sync each:
+
+1. each record on its staged inode, then every staged file fsynced (in parallel: the backing
+   file system's journal commits concurrent fsyncs together), then ``staging/``: recovery finds
+   each staged file by its name
+2. one journal intent naming them all (``install_batch``) + ``fdatasync``: from here recovery
+   finishes every rename of the batch (roll forward), so a power loss leaves a prefix of the
+   closes installed, never a later file without an earlier one
+3. the renames, in close order
+4. ``fsync`` of each directory they landed in, and of ``staging/``: the names are durable, and no
+   staging name a later unlink could see resurrected by recovery's roll forward survives
+
+So n files in k directories cost n data syncs (concurrent), two of ``staging/``, one of the
+journal and k of directories, not 2n in sequence.  A version that journals an intent of its own
+(a kept generation, a record too large to travel), a pointer (G6), an unlinked one, and a second
+version of a path already in the batch end the batch; they install alone, in order.
+
 Each step is its own method (:meth:`CommitEngine.sync_data` ... :meth:`CommitEngine.sync_name`), so
 the model checker's known-bad variants (ckptfs_testing/mc_workloads.py) override one step instead of
 copying the sequence.
@@ -41,6 +59,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from ckptfs import crashpoints, events, formats
@@ -63,6 +82,10 @@ log = logging.getLogger("ckptfs")
 #: (64 hex characters per MiB: 32 MiB -> ~2.3 KB, inside one ext4 xattr block beside others)
 CARRY_MAX_CHUNKS = 32
 WRITEBACK_AHEAD = 1 << 20  # a bypassed version with more unhinted bytes starts their writeback before it is hashed
+#: versions per async group commit (C5); CKPTFS_BATCH_MAX=1: one install at a time, as before C5
+#: (the bench's comparison)
+BATCH_MAX = max(1, int(os.environ.get("CKPTFS_BATCH_MAX", "64")))
+SYNC_THREADS = 16  # concurrent data fsyncs of one batch (jbd2 commits them together)
 _NO_CARRY = (errno.ENOTSUP, errno.EOPNOTSUPP, errno.E2BIG, errno.ERANGE, errno.ENOSPC, errno.EPERM)
 
 
@@ -118,6 +141,7 @@ class CommitEngine:
         self.check_formats = check_formats
         self.async_failures: list[tuple[str, OSError]] = []  # reported by the next fsync / fsyncdir
         self.groups: GroupEngine | None = None
+        self._syncers: ThreadPoolExecutor | None = None  # the batch's fsync threads (C5), made at the first
         self.committer = Committer(self, max_backlog, max_backlog_bytes) if commit_mode == "async" else None
         # records travel on the staged inode (False once the backing fs refused user xattrs;
         # CKPTFS_CARRY_RECORDS=0: never, for tests of the journaled path, crashpoints.POINT_ENV)
@@ -311,7 +335,7 @@ class CommitEngine:
             assert self.committer is not None
             self.committer.submit(v)
         if wait and self.committer is not None and v.state in (QUEUED, COMMITTING):
-            v.done.wait()
+            self.committer.wait(v)
             if v.error is not None:
                 self.reported(v)
                 raise _err(v.error.errno or errno.EIO, str(v.error))
@@ -385,6 +409,113 @@ class CommitEngine:
         if self.groups is not None:
             self.groups.after_install(v.path)
         self.maybe_compact()
+
+    def batchable(self, v: Version, paths: set[str]) -> bool:
+        """Whether v may join an async group commit (C5) whose versions so far are at ``paths``:
+        its record can travel with it (one chunk digest per MiB, at most CARRY_MAX_CHUNKS; a
+        digest still due is made before the batch installs), it is no pointer (G6 seals a group
+        before it) and its path is not in the batch.  (Whether it keeps a generation, which journals an
+        intent of its own, is known under ``commit_lock``: :meth:`install_batch` ends there.)"""
+        rec = v.record
+        if rec is not None:
+            fits = len(rec.chunks) <= 64 * CARRY_MAX_CHUNKS
+        else:  # its digest is due (C4): made by finish_seal before the batch installs
+            fits = v.digest_due is not None and v.size <= CARRY_MAX_CHUNKS << 20
+        return (self.carry and fits and not v.unlinked and v.path not in paths
+                and not (self.groups is not None and self.groups.is_pointer(v.path)))
+
+    def install_batch(self, vs: list[Version]) -> list[Version]:
+        """Install ``vs`` (close order, each :meth:`batchable`) as one group commit (C5, the
+        module doc).  Caller holds commit_lock.  Returns the versions not installed here, in order
+        (a record that could not travel after all): the caller installs them one at a time.
+
+        Invariant (I1, I2 with C5): the batch's intent is durable before its first rename and
+        names every file of it; each staged file is durable before the intent.  A power loss
+        therefore leaves a prefix of the batch's renames, which recovery completes, and nothing
+        before the batch unsettled (the intent's fdatasync settles the journal)."""
+        t0 = time.monotonic()
+        batch: list[tuple[Version, FileRecord]] = []
+        rest: list[Version] = []
+        for i, v in enumerate(vs):
+            if v.unlinked or v.record is None or len(v.record.chunks) > 64 * CARRY_MAX_CHUNKS:
+                rest = vs[i:]
+                break
+            prev = self.records.get(v.path)
+            rec = dataclasses.replace(v.record, generation=prev.generation + 1 if prev else 1)
+            if (v.keep_prev and self.keep_plan(v.path, prev)) or not self.carry_record(v, rec):
+                rest = vs[i:]
+                break
+            batch.append((v, rec))
+        if len(batch) <= 1:
+            return vs  # nothing to share: the single-file install (with its own two syncs)
+        self.sync_batch([v for v, _ in batch])
+        crashpoints.hit("stage_synced")
+        entry = {"op": "install_batch",
+                 "items": [{"op": "install", "path": v.path, "staging": v.staging, "rec": rec.to_json()}
+                           for v, rec in batch]}
+        self.log_batch(entry)
+        crashpoints.hit("intent_logged")
+        for n, (v, _rec) in enumerate(batch):
+            try:
+                replaced = self.store.lstat(v.path)
+            except OSError:
+                replaced = None
+            try:
+                self.put_in_place(v)
+            except OSError as e:
+                # the intent names files never installed: restate it as what happened (synced, so
+                # recovery never finishes their renames), and fail them and those behind them
+                self.journal.append(dict(entry, items=entry["items"][:n]))
+                for w in [w for w, _ in batch[n:]] + rest:
+                    self.failed(w, e)
+                    w.done.set()
+                batch, rest = batch[:n], []
+                break
+            if replaced is not None and replaced.st_ino != v.ino:
+                self.inodes.drop(replaced.st_ino if replaced.st_nlink == 1 else v.ino)  # (as install: N2, N3)
+        crashpoints.hit("installed")
+        try:
+            self.sync_batch_names([v for v, _ in batch])
+        except OSError as e:
+            for v, rec in batch:  # in place, durability unknown: the tables say so, the caller fails them
+                self.installed(v, rec)
+                v.error = e
+            raise
+        crashpoints.hit("dir_synced")
+        took = time.monotonic() - t0
+        self.stats["batches"] += 1
+        self.stats["batched_installs"] += len(batch)
+        for v, rec in batch:
+            if self.times.observe(v.seal_seconds + took, rec.size):
+                self.stats["slow_commits"] += 1
+            self.installed(v, rec)
+            if self.groups is not None:
+                self.groups.after_install(v.path)
+        self.maybe_compact()
+        return rest
+
+    def sync_batch(self, vs: list[Version]) -> None:
+        """C5 step 1: every staged file of the batch durable, with the record it carries
+        (concurrent fsyncs; the first error is raised once all have returned: never retried), and
+        its name in ``staging/`` (the intent names it; the weak model loses an unsynced entry)."""
+        if self._syncers is None:
+            self._syncers = ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="ckptfs-sync")
+        errs = [f.exception() for f in [self._syncers.submit(self.sync_data, v) for v in vs]]
+        for e in errs:
+            if e is not None:
+                raise e
+        self.store.fsync_dir(parent(vs[0].staging))  # their staging names too: recovery renames by name
+
+    def log_batch(self, entry: dict) -> None:
+        """C5 step 2: the batch's intent, durable (also settles what was appended unsynced)."""
+        self.journal.append(entry)
+
+    def sync_batch_names(self, vs: list[Version]) -> None:
+        """C5 step 4: the directories the batch's names landed in, then ``staging/`` (no staging
+        name of the batch can come back for recovery's roll forward)."""
+        for d in dict.fromkeys(parent(v.path) for v in vs):
+            self.store.fsync_dir(d)
+        self.store.fsync_dir(parent(vs[0].staging))
 
     def carry_record(self, v: Version, rec: FileRecord) -> bool:
         """Step 1: ``rec`` set on the staged inode (records.XATTR), made durable by step 2.  False
@@ -513,6 +644,13 @@ class CommitEngine:
             self.store.fsync_dir(d)
         self.stats["ns_ops"] += 1
 
+    def wait_done(self, v: Version) -> None:
+        """Until v's install is over (async mode: the committer takes it even when held)."""
+        if self.committer is not None:
+            self.committer.wait(v)
+        else:
+            v.done.wait()
+
     def barrier(self) -> None:
         """Order a namespace op after every earlier commit (async mode)."""
         if self.committer:
@@ -521,11 +659,18 @@ class CommitEngine:
     def stop(self) -> None:
         if self.committer:
             self.committer.stop()
+        if self._syncers is not None:
+            self._syncers.shutdown()
 
 
 class Committer:
-    """Background committer for ``--commit=async``: installs sealed versions
-    one at a time in submission (= close) order; bounded backlog."""
+    """Background committer for ``--commit=async``: installs sealed versions in submission (=
+    close) order; bounded backlog.  Versions waiting behind each other are installed as one group
+    commit (:meth:`CommitEngine.install_batch`, C5).
+
+    ``held`` (the model checker's async workloads): the committer takes nothing until someone
+    waits (an fsync of a queued version, :meth:`drain`) or the backlog is full, so the closes
+    before a sync point form one batch deterministically."""
 
     def __init__(self, engine: CommitEngine, max_items: int, max_bytes: int) -> None:
         self.engine = engine
@@ -535,6 +680,8 @@ class Committer:
         self.queued_bytes = 0
         self.busy = False
         self.stopping = False
+        self.held = False
+        self.waiters = 0
         self.cond = threading.Condition()
         self.thread = threading.Thread(target=self._run, name="ckptfs-committer", daemon=True)
         self.thread.start()
@@ -544,15 +691,32 @@ class Committer:
             while self.queue and (len(self.queue) >= self.max_items
                                   or self.queued_bytes + v.size > self.max_bytes):
                 self.engine.stats["backpressure_waits"] += 1
+                self.waiters += 1
+                self.cond.notify_all()
                 self.cond.wait()
+                self.waiters -= 1
             self.queue.append(v)
             self.queued_bytes += v.size
             self.cond.notify_all()
 
+    def wait(self, v: Version) -> None:
+        """Until v's commit is over (installed or failed)."""
+        with self.cond:
+            self.waiters += 1
+            self.cond.notify_all()
+        try:
+            v.done.wait()
+        finally:
+            with self.cond:
+                self.waiters -= 1
+
     def drain(self) -> None:
         with self.cond:
+            self.waiters += 1
+            self.cond.notify_all()
             while self.queue or self.busy:
                 self.cond.wait()
+            self.waiters -= 1
 
     def stop(self) -> None:
         self.drain()
@@ -561,35 +725,66 @@ class Committer:
             self.cond.notify_all()
         self.thread.join()
 
-    def _run(self) -> None:
+    def _take(self) -> list[Version]:
+        """(``cond`` held) The next version, and those behind it that may share its commit (C5)."""
+        v = self.queue.popleft()
+        batch = [v]
         eng = self.engine
+        paths = {v.path}
+        if eng.batchable(v, set()):
+            while self.queue and len(batch) < BATCH_MAX and eng.batchable(self.queue[0], paths):
+                w = self.queue.popleft()
+                batch.append(w)
+                paths.add(w.path)
+        return batch
+
+    def _run(self) -> None:
         while True:
             with self.cond:
-                while not self.queue and not self.stopping:
+                while not self.stopping and (not self.queue or (self.held and not self.waiters)):
                     self.cond.wait()
                 if not self.queue:
                     return
-                v = self.queue.popleft()
+                batch = self._take()
                 self.busy = True
             try:
-                eng.finish_seal(v)  # C4: its digest, if its close left it due
-                with eng.commit_lock:
-                    with eng.lock:
-                        unreported = eng.async_failures[:1]
-                    if unreported:
-                        # An earlier commit failed and the application has not been
-                        # told yet (fsync/fsyncdir): installing later versions would
-                        # make a partial save visible (a step's .metadata without one
-                        # of its shards), so they fail too until it has been reported.
-                        p, e = unreported[0]
-                        raise OSError(errno.EIO, f"ckptfs: not committed: the earlier commit of {p} failed: {e}")
-                    v.state = COMMITTING
-                    eng.install(v)
-            except OSError as e:
-                eng.failed(v, e)
+                self._commit(batch)
             finally:
-                v.done.set()
                 with self.cond:
                     self.busy = False
-                    self.queued_bytes -= v.size
+                    self.queued_bytes -= sum(v.size for v in batch)
                     self.cond.notify_all()
+
+    def _commit(self, batch: list[Version]) -> None:
+        """Install ``batch`` (one version, or a group commit), each failed version failed."""
+        eng = self.engine
+        todo = batch
+        try:
+            for v in batch:
+                eng.finish_seal(v)  # C4: its digest, if its close left it due
+            with eng.commit_lock:
+                with eng.lock:
+                    unreported = eng.async_failures[:1]
+                if unreported:
+                    # An earlier commit failed and the application has not been
+                    # told yet (fsync/fsyncdir): installing later versions would
+                    # make a partial save visible (a step's .metadata without one
+                    # of its shards), so they fail too until it has been reported.
+                    p, e = unreported[0]
+                    raise OSError(errno.EIO, f"ckptfs: not committed: the earlier commit of {p} failed: {e}")
+                for v in batch:
+                    v.state = COMMITTING
+                if len(batch) > 1:
+                    todo = eng.install_batch(batch)
+                while todo:
+                    v = todo[0]
+                    eng.install(v)
+                    v.done.set()
+                    todo = todo[1:]
+        except OSError as e:
+            for v in todo:
+                if v.state not in (INSTALLED, DISCARDED) or v.error is e:
+                    eng.failed(v, e)
+        finally:
+            for v in batch:
+                v.done.set()

@@ -29,6 +29,23 @@ from ckptfs.layout import drop_prefix, move_prefix, swap_prefix
 from ckptfs.log.metadata import Loaded
 from ckptfs.records import FileRecord
 
+BATCH = "install_batch"  # an async group commit's intent (engine/commit.py C5): its ``items`` are installs
+
+
+def batch_items(e: dict) -> list[dict]:
+    """The installs an ``install_batch`` entry names (each checked as an install entry); raises
+    one of PARSE_ERRORS for anything else, so the whole entry is untrusted."""
+    items = e["items"]
+    if not isinstance(items, list):
+        raise TypeError("install_batch items is not a list")
+    for it in items:
+        if not isinstance(it, dict) or it.get("op") != "install" or "keep" in it:
+            raise ValueError("install_batch item is not a plain install")
+        FileRecord.from_json(it["rec"])
+        str(it["path"]), str(it["staging"])
+    return items
+
+
 Last = Literal["apply", "hold"] | Callable[[dict], bool]
 PARSE_ERRORS = (KeyError, ValueError, TypeError, AttributeError)
 
@@ -53,6 +70,11 @@ class Replayed:
 
     def apply(self, e: dict) -> None:
         """Apply one entry to the records, groups, quarantine table and generations."""
+        if e["op"] == BATCH:
+            for item in batch_items(e):
+                apply_entry(self.files, item, self.groups, self.quarantine)
+            self.applied += 1
+            return
         apply_entry(self.files, e, self.groups, self.quarantine)
         apply_gen_entry(self.gens, e)
         if e["op"] == "group_seal":

@@ -200,11 +200,13 @@ def load_offline(store: BackingStore) -> OfflineState:
     (install: the path has the intent's inode).  Untrusted metadata is reported
     in ``problems`` and skipped, never raised.
     """
-    from ckptfs.engine.replay import replay
+    from ckptfs.engine.replay import BATCH, batch_items, replay
     from ckptfs.log.journal import Journal
     from ckptfs.log.metadata import load_trusted
 
     def completed(e: dict) -> bool:  # the in-flight intent counts only if the disk shows it done
+        if e.get("op") == BATCH:  # (an async group commit: all of it, engine/commit.py C5)
+            return all(completed(it) for it in batch_items(e))
         return e.get("op") != "install" or store.lstat(e["path"]).st_ino == FileRecord.from_json(e["rec"]).ino
 
     def last_done(e: dict) -> bool:
