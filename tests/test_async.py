@@ -108,3 +108,37 @@ def _copies(mnt_async: Mount, tmp_path, shutil, subprocess) -> None:  # noqa: AN
                            capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
     assert os.stat(mnt_async.path / "cp0.ckpt").st_mtime_ns == 1_600_000_000 * 10**9
+
+
+def test_files_closed_back_to_back_install_as_one_group_commit(tmp_path) -> None:
+    """C5 (engine/commit.py): with the committer held until a sync point, twelve small files in two
+    directories and a torch.save, closed back to back, install as one group commit at the fsync:
+    one ``install_batch`` intent naming them in close order, each file whole at its backing path
+    with its record, nothing at a backing path before the sync point."""
+    d, mp = tmp_path / "src", tmp_path / "mp"
+    d.mkdir()
+    mp.mkdir()
+    with Mount(mp, backing=d, commit="async", env={"CKPTFS_HOLD_COMMITS": "1"}) as m:
+        (m.path / "a").mkdir()
+        (m.path / "b").mkdir()
+        names = [f"{'ab'[i % 2]}/f{i}.dat" for i in range(12)]
+        data = {n: os.urandom(500 + 31 * i) for i, n in enumerate(names)}
+        for n in names:
+            (m.path / n).write_bytes(data[n])
+        torch.save({"w": torch.arange(10)}, m.path / "a" / "model.pt")
+        names.append("a/model.pt")
+        assert [n for n in names if (d / n).exists()] == []  # queued: nothing installed yet
+        assert all((m.path / n).read_bytes() == data[n] for n in names[:-1])  # yet visible through the mount
+        fd = os.open(m.path / "b", os.O_RDONLY | os.O_DIRECTORY)
+        os.fsync(fd)
+        os.close(fd)
+        stats = json.loads(os.getxattr(str(m.path), "user.ckptfs.stats"))
+        assert (stats["batches"], stats["batched_installs"], stats["commits"]) == (1, 13, 13)
+        entries = Journal(OsBackingStore(str(d))).load().entries
+        batch = [e for e in entries if e.get("op") == "install_batch"]
+        assert [[i["path"] for i in e["items"]] for e in batch] == [names]
+        for n in names[:-1]:
+            assert (d / n).read_bytes() == data[n]
+            assert os.getxattr(str(m.path / n), "user.ckptfs.status") == b"committed"
+        assert torch.load(d / "a" / "model.pt")["w"].tolist() == list(range(10))
+    assert os.listdir(d / META_DIR / "staging") == []

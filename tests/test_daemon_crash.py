@@ -160,3 +160,47 @@ def test_the_staging_pool_gives_new_files_their_own_times_and_leaves_nothing_beh
     finally:
         m.stop()
     assert os.listdir(pool) == [] and staging_empty(b)
+
+
+def _close_files(root: Path, names: list[str]) -> dict[str, bytes]:
+    out = {}
+    for i, n in enumerate(names):
+        data = os.urandom(1000 + 97 * i)
+        with open(root / n, "wb") as f:
+            f.write(data)
+        out[n] = data
+    return out
+
+
+@pytest.mark.parametrize("point", ["stage_synced", "intent_logged", "installed", "dir_synced"])
+def test_a_daemon_killed_inside_an_async_group_commit_leaves_a_prefix_of_its_closes(tmp_path: Path,
+                                                                                     point: str) -> None:
+    """C5 (engine/commit.py): twelve files closed back to back in two directories form one group
+    commit (the committer held until the fsync); the daemon is killed at each step of it.  Before
+    the batch's intent is durable none of them is installed, from it on recovery finishes every
+    rename: all twelve, whole, with their records.  Never some of them."""
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    m = Mount(d, commit="async", env={"CKPTFS_HOLD_COMMITS": "1", "CKPTFS_CRASH_AT": f"{point}:1"}).start()
+    try:
+        (m.path / "a").mkdir()
+        (m.path / "b").mkdir()
+        names = [f"{'ab'[i % 2]}/f{i}.dat" for i in range(12)]
+        written = _close_files(m.path, names)
+        with pytest.raises(OSError):  # the fsync runs the group commit, and the daemon dies in it
+            fd = os.open(m.path / "a", os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        assert m.wait_dead(10) == -signal.SIGKILL, f"crash point {point} was not reached"
+        m.kill()
+        m.remount(env=None)
+        present = [n for n in names if (d / n).exists()]
+        assert present == (names if point != "stage_synced" else []), present
+        for n in present:
+            assert (m.path / n).read_bytes() == written[n]
+            assert os.getxattr(str(m.path / n), "user.ckptfs.status") == b"committed"
+    finally:
+        m.stop()
+    assert staging_empty(d)

@@ -143,6 +143,8 @@ class CommitEngine:
         self.groups: GroupEngine | None = None
         self._syncers: ThreadPoolExecutor | None = None  # the batch's fsync threads (C5), made at the first
         self.committer = Committer(self, max_backlog, max_backlog_bytes) if commit_mode == "async" else None
+        if self.committer is not None and os.environ.get("CKPTFS_HOLD_COMMITS") == "1":
+            self.committer.held = True  # tests: the closes before a sync point form one group commit (C5)
         # records travel on the staged inode (False once the backing fs refused user xattrs;
         # CKPTFS_CARRY_RECORDS=0: never, for tests of the journaled path, crashpoints.POINT_ENV)
         self.carry = os.environ.get("CKPTFS_CARRY_RECORDS", "1") != "0"
@@ -449,12 +451,12 @@ class CommitEngine:
         if len(batch) <= 1:
             return vs  # nothing to share: the single-file install (with its own two syncs)
         self.sync_batch([v for v, _ in batch])
-        crashpoints.hit("stage_synced")
+        self._hit_each("stage_synced", batch)
         entry = {"op": "install_batch",
                  "items": [{"op": "install", "path": v.path, "staging": v.staging, "rec": rec.to_json()}
                            for v, rec in batch]}
         self.log_batch(entry)
-        crashpoints.hit("intent_logged")
+        self._hit_each("intent_logged", batch)
         for n, (v, _rec) in enumerate(batch):
             try:
                 replaced = self.store.lstat(v.path)
@@ -473,7 +475,7 @@ class CommitEngine:
                 break
             if replaced is not None and replaced.st_ino != v.ino:
                 self.inodes.drop(replaced.st_ino if replaced.st_nlink == 1 else v.ino)  # (as install: N2, N3)
-        crashpoints.hit("installed")
+        self._hit_each("installed", batch)
         try:
             self.sync_batch_names([v for v, _ in batch])
         except OSError as e:
@@ -481,7 +483,7 @@ class CommitEngine:
                 self.installed(v, rec)
                 v.error = e
             raise
-        crashpoints.hit("dir_synced")
+        self._hit_each("dir_synced", batch)
         took = time.monotonic() - t0
         self.stats["batches"] += 1
         self.stats["batched_installs"] += len(batch)
@@ -493,6 +495,13 @@ class CommitEngine:
                 self.groups.after_install(v.path)
         self.maybe_compact()
         return rest
+
+    @staticmethod
+    def _hit_each(point: str, batch: list) -> None:
+        """A crash point of the batch, hit once per file in it (a point's N-th hit is the same
+        file's step with or without group commits)."""
+        for _ in batch:
+            crashpoints.hit(point)
 
     def sync_batch(self, vs: list[Version]) -> None:
         """C5 step 1: every staged file of the batch durable, with the record it carries
