@@ -81,3 +81,22 @@ def test_bench_only(tmp_path) -> None:
     _clean(tmp_path)
     bad = _bench(tmp_path, "--only", "W9", "--out", str(out))
     assert bad.returncode == 2 and "unknown workload" in bad.stderr
+
+
+def test_bench_batch_compares_group_commits_with_one_install_at_a_time(tmp_path) -> None:
+    """``python -m bench.batch`` (C5 on and off, back to back): tiny sizes, no timing asserts; the
+    counts say the batched mount installed in group commits and the other one at a time."""
+    out = tmp_path / "batch.json"
+    r = subprocess.run([sys.executable, "-m", "bench.batch", "--dir", str(tmp_path), "--pairs", "2", "--mib", "16",
+                        "--shards", "16", "--files", "50", "--json", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, env=_env(), timeout=300)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    assert len(res["rows"]) == 2 and all(row["disk_MBps"] > 0 for row in res["rows"])
+    for row in res["rows"]:
+        assert row["single"]["batches"] == 0 and row["single"]["commits"] == row["batched"]["commits"] == 16 + 1 + 50
+        assert row["batched"]["batched"] <= row["batched"]["commits"]
+    assert set(res["median_ratio"]) == {"w3_s", "burst_s"}
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("ckptfs-batch-")]
+    with open("/proc/mounts") as f:
+        assert str(tmp_path) not in f.read()
