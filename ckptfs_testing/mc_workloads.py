@@ -268,11 +268,16 @@ def held(w: Workload) -> Workload:
         d.fs.commit.committer.held = True
         inner(d)
 
-    return dataclasses.replace(w, name=w.name + "_held", run=run)
+    return dataclasses.replace(w, name=with_async_name(w).name + "_held", run=run)
 
 
 def workloads(scale: str = "bounded") -> list[Workload]:
-    """The representative workloads; ``full`` is larger than ``bounded`` (the test suite's)."""
+    """The representative workloads; ``full`` is larger than ``bounded`` (the test suite's).  An
+    async workload's name starts with ``async_``."""
+    return [with_async_name(w) for w in _workloads(scale)]
+
+
+def _workloads(scale: str) -> list[Workload]:
     if scale == "full":
         return [single(), overwrite(versions=4), group(steps=3), dcp(steps=3, shards=8),
                 pointer_rotation(steps=6), pointer_rotation("async", steps=6),

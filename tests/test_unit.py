@@ -532,3 +532,58 @@ def test_the_staging_pool_switch(tmp_path, monkeypatch, pool) -> None:
     finally:
         fs.shutdown()
         store.shutdown()
+
+
+@pytest.mark.parametrize("renamed", [0, 2, 4])
+def test_recovery_finishes_a_group_commit_cut_after_its_intent(tmp_path, renamed: int) -> None:
+    """C5 (engine/commit.py): a power loss after a group commit's intent is durable, with none, some
+    or all of its renames done (their directories unsynced, the done-less journal as left): recovery
+    installs every file of the batch, in close order, each with its record; nothing is left staged."""
+    fs = CkptFS(OsBackingStore(str(tmp_path)), commit_mode="async")
+    fs.commit.committer.held = True
+    fs.mkdir("a", 0o755)
+    fs.mkdir("b", 0o755)
+    payload = {f"{'ab'[i % 2]}/f{i}.bin": os.urandom(2000 + 7 * i) for i in range(4)}
+    for p, data in payload.items():
+        save(fs, p, data)
+    real_rename = fs.commit.put_in_place
+    done: list[str] = []
+
+    def cut(v) -> None:  # the power loss: the renames after the first ``renamed`` never happen
+        if len(done) < renamed:
+            real_rename(v)
+            done.append(v.path)
+
+    fs.commit.put_in_place = cut  # type: ignore[method-assign]
+    fs.commit.sync_batch_names = lambda vs: None  # type: ignore[method-assign]
+    fs.fsyncdir("")
+    assert fs.stats["batches"] == 1 and fs.stats["batched_installs"] == 4
+    _crash_without_done_records(tmp_path, fs)
+    assert sorted(p for p in payload if (tmp_path / p).exists()) == sorted(list(payload)[:renamed])
+    rep = recover(OsBackingStore(str(tmp_path)))
+    assert rep.inflight == "install_batch of 4" and rep.inflight_completed
+    for p, data in payload.items():
+        assert (tmp_path / p).read_bytes() == data
+        assert rep.files[p].size == len(data)
+    assert os.listdir(tmp_path / ".ckptfs" / "staging") == []
+
+
+@pytest.mark.parametrize("items", [None, "a/f.bin", [{"op": "unlink", "path": "a/f.bin"}],
+                                   [{"op": "install", "path": "a/f.bin", "staging": ".ckptfs/staging/x",
+                                     "rec": {"size": 1}, "keep": {"name": ".ckptfs/generations/x"}}]])
+def test_a_malformed_group_commit_intent_is_untrusted_and_loses_nothing(tmp_path, items) -> None:
+    """A journal's last entry ``install_batch`` whose items are not plain installs (written by
+    someone else, or damaged) is reported, never raised or rolled forward: the committed file
+    stays as it was."""
+    fs = CkptFS(OsBackingStore(str(tmp_path)))
+    save(fs, "keep.bin", b"committed bytes")
+    fs.commit.compact = lambda clean=False: None  # type: ignore[method-assign]
+    epoch = fs.journal.epoch
+    fs.shutdown()
+    Journal(OsBackingStore(str(tmp_path))).load()
+    with open(tmp_path / ".ckptfs" / f"journal.{epoch}", "ab") as f:
+        f.write(encode_frame({"op": "install_batch", "items": items}))
+    rep = recover(OsBackingStore(str(tmp_path)))
+    assert any("untrusted" in p for p in rep.problems), rep.problems
+    assert (tmp_path / "keep.bin").read_bytes() == b"committed bytes"
+    assert "keep.bin" in rep.files and "a/f.bin" not in rep.files
