@@ -34,6 +34,7 @@ import errno
 import logging
 import os
 import queue
+import select
 import threading
 from collections.abc import Callable
 
@@ -51,6 +52,53 @@ NAMES_CHANGE = (events.QUARANTINED, events.REMOVED, events.RESTORED, events.ROLL
                 events.OPENED, events.UNPUBLISHED, events.RELEASED)
 
 
+class MountTable:
+    """This process's mount points, read again only when the mount table changed: the kernel marks
+    ``/proc/self/mountinfo`` ``POLLPRI`` at every mount or unmount in the namespace, and a poll
+    resets the mark (``mounts_poll``).  Every epoch bump asks (``Notifier._submounts``); a group's
+    life bumps it a few times, and parsing the whole table each time was ~5 % of the daemon's
+    Python time in W1 (issue 27).  Where the file cannot be polled (Darwin, no /proc), it is read
+    every time, as before."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._poll: select.poll | None = None
+        self._cached: list[str] | None = None
+
+    def mountpoints(self) -> list[str]:
+        from ckptfs.mounts import MOUNTINFO, parse_mountinfo, read_mountinfo
+
+        with self._lock:
+            if self._poll is None and self._fd is None:
+                try:
+                    self._fd = os.open(MOUNTINFO, os.O_RDONLY | os.O_CLOEXEC)
+                    self._poll = select.poll()
+                    self._poll.register(self._fd, select.POLLPRI)
+                except (OSError, AttributeError, ValueError):
+                    self._fd, self._poll = -1, None
+            if self._poll is None:
+                return [m.mountpoint for m in read_mountinfo()]
+            if self._cached is not None and not self._poll.poll(0):
+                return self._cached
+            try:
+                chunks = []
+                os.lseek(self._fd, 0, os.SEEK_SET)  # type: ignore[arg-type]
+                while b := os.read(self._fd, 1 << 16):  # type: ignore[arg-type]
+                    chunks.append(b)
+                self._cached = [m.mountpoint for m in parse_mountinfo(b"".join(chunks))]
+            except OSError:
+                self._cached = None
+                return [m.mountpoint for m in read_mountinfo()]
+            return self._cached
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None and self._fd >= 0:
+                os.close(self._fd)
+            self._fd, self._poll, self._cached = None, None, None
+
+
 class Notifier:
     def __init__(self, fd: int, ops: Ops) -> None:
         self.fd = fd
@@ -60,6 +108,7 @@ class Notifier:
         self._unsub: Callable[[], None] | None = None
         self.sent = 0
         self.epochs_now = 0  # epoch bumps sent on a request's thread (epoch_now)
+        self.table = MountTable()
 
     def start(self, hub: events.Events) -> None:
         self._unsub = hub.subscribe(self.on_event)
@@ -75,6 +124,7 @@ class Notifier:
         if self.thread is not None:
             self.q.put(None)
             self.thread.join(5)
+        self.table.close()
 
     def inode(self, n: Node) -> None:
         """Queue an attribute invalidation of node ``n`` (a writer opened it: fuse/ops.py)."""
@@ -94,12 +144,8 @@ class Notifier:
         top = getattr(self.ops.fs, "mountpoint", None)
         if not top:
             return False
-        try:
-            from ckptfs.mounts import read_mountinfo
-
-            return any(m.mountpoint.startswith(top.rstrip("/") + "/") for m in read_mountinfo())
-        except OSError:
-            return False
+        pre = top.rstrip("/") + "/"
+        return any(mp.startswith(pre) for mp in self.table.mountpoints())
 
     def epoch_now(self) -> None:
         """Make every cached dentry be looked up again at its next use, before the current
