@@ -476,6 +476,8 @@ class CommitEngine:
             if replaced is not None and replaced.st_ino != v.ino:
                 self.inodes.drop(replaced.st_ino if replaced.st_nlink == 1 else v.ino)  # (as install: N2, N3)
         self._hit_each("installed", batch)
+        if not batch:
+            return []  # (the first rename failed: nothing is in place, nothing to sync)
         try:
             self.sync_batch_names([v for v, _ in batch])
         except OSError as e:
@@ -794,6 +796,12 @@ class Committer:
             for v in todo:
                 if v.state not in (INSTALLED, DISCARDED) or v.error is e:
                     eng.failed(v, e)
+        except Exception as e:  # a bug, not the disk: fail these commits, keep the committer alive
+            log.exception("committer: unexpected error")  # (a dead committer hangs every later fsync)
+            err = OSError(errno.EIO, f"ckptfs: internal error during commit: {e!r}")
+            for v in todo:
+                if v.state not in (INSTALLED, DISCARDED):
+                    eng.failed(v, err)
         finally:
             for v in batch:
                 v.done.set()
