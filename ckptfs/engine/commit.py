@@ -467,7 +467,10 @@ class CommitEngine:
             except OSError as e:
                 # the intent names files never installed: restate it as what happened (synced, so
                 # recovery never finishes their renames), and fail them and those behind them
-                self.journal.append(dict(entry, items=entry["items"][:n]))
+                try:
+                    self.journal.append(dict(entry, items=entry["items"][:n]))
+                except OSError as e2:  # (their staging files are removed below: nothing to finish)
+                    log.warning("could not restate the group commit after a failed rename: %s", e2)
                 for w in [w for w, _ in batch[n:]] + rest:
                     self.failed(w, e)
                     w.done.set()
