@@ -587,3 +587,23 @@ def test_a_malformed_group_commit_intent_is_untrusted_and_loses_nothing(tmp_path
     assert any("untrusted" in p for p in rep.problems), rep.problems
     assert (tmp_path / "keep.bin").read_bytes() == b"committed bytes"
     assert "keep.bin" in rep.files and "a/f.bin" not in rep.files
+
+
+def test_a_group_commit_counts_its_syncs(tmp_path) -> None:
+    """C5's sync count, exactly: n files closed back to back into k directories cost n data fsyncs,
+    ``staging/`` twice, the journal once and each directory once (n + 3 + k), where one install at
+    a time costs 2n; in this order: the data and the staging names, the intent, then the names."""
+    store, calls = counting_store(tmp_path)
+    fs = CkptFS(store, commit_mode="async")
+    save(fs, "warm.bin", b"w")  # the journal file is made by the first install (its own syncs)
+    fs.mkdir("a", 0o755)
+    fs.fsyncdir("")
+    fs.commit.committer.held = True
+    calls.clear()
+    for i in range(8):
+        save(fs, f"a/f{i}.bin", os.urandom(500 + i))
+    fs.fsyncdir("a")
+    assert fs.stats["batches"] == 1 and fs.stats["batched_installs"] == 8
+    assert calls == ["fsync"] * 8 + ["fsync_dir", "fdatasync", "fsync_dir", "fsync_dir"], calls
+    assert len(calls) == 8 + 3 + 1 < 2 * 8
+    fs.shutdown()
