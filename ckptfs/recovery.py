@@ -745,7 +745,15 @@ def recover(store: BackingStore, journal: Journal | None = None, seal_parts: boo
             if last["op"] == BATCH:  # C5: every install of the batch finished, in close order
                 items = batch_items(last)
                 rep.inflight = f"{BATCH} of {len(items)}"
-                done = [it for it in items if finish_inflight(store, it)]
+                done = []
+                stop = False  # a staged file that cannot be installed: none after it is either
+                for it in items:
+                    if stop and store.exists(it["staging"]):
+                        continue  # (its rename never happened: the prefix ends before it)
+                    if finish_inflight(store, it):
+                        done.append(it)
+                    elif store.exists(it["staging"]):
+                        stop = True
                 rep.inflight_completed = len(done) == len(items)
                 r.apply(dict(last, items=done))
             else:

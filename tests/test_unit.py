@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -607,3 +608,60 @@ def test_a_group_commit_counts_its_syncs(tmp_path) -> None:
     assert calls == ["fsync"] * 8 + ["fsync_dir", "fdatasync", "fsync_dir", "fsync_dir"], calls
     assert len(calls) == 8 + 3 + 1 < 2 * 8
     fs.shutdown()
+
+
+def test_each_file_of_a_failed_group_commit_reports_its_own_failure(tmp_path) -> None:
+    """C5: a group commit that fails fails every file in it, and each failure is reported on its
+    own: an fsync of one of them that reports EIO does not take the other's failure with it, so an
+    fsync of the other's directory still says EIO (a shared error object did: the review of C5)."""
+    fs = CkptFS(OsBackingStore(str(tmp_path)), commit_mode="async")
+    fs.mkdir("a", 0o755)
+    fs.mkdir("b", 0o755)
+    fs.fsyncdir("")
+    fs.commit.committer.held = True
+    real = fs.commit.sync_data
+
+    def bad(v) -> None:
+        if v.path == "a/x.bin":
+            raise OSError(errno.EIO, "injected")
+        real(v)
+
+    fs.commit.sync_data = bad  # type: ignore[method-assign]
+    save(fs, "a/x.bin", b"x" * 100)
+    fh = fs.create("b/y.bin", 0o644)
+    fs.write(fh, b"y" * 100, 0)
+    fs.flush(fh)
+    with pytest.raises(OSError) as e1:
+        fs.fsync(fh)  # runs the group commit of both: it fails
+    fs.release(fh)
+    assert e1.value.errno == errno.EIO
+    with pytest.raises(OSError) as e2:
+        fs.fsyncdir("a")
+    assert e2.value.errno == errno.EIO
+    assert fs.stats["batches"] == 0 and not (tmp_path / "a" / "x.bin").exists()
+    fs.shutdown()
+
+
+def test_recovery_finishes_a_group_commit_only_up_to_a_staged_file_it_cannot_install(tmp_path) -> None:
+    """C5: recovery finishes a batch's renames in close order and stops at a staged file whose bytes
+    no longer match its record (written after its seal): a later file of the batch is never
+    installed without it."""
+    fs = CkptFS(OsBackingStore(str(tmp_path)), commit_mode="async")
+    fs.commit.committer.held = True
+    payload = {f"f{i}.bin": os.urandom(1500 + i) for i in range(3)}
+    for p, data in payload.items():
+        save(fs, p, data)
+    fs.commit.put_in_place = lambda v: None  # type: ignore[method-assign]  # cut before any rename
+    fs.commit.sync_batch_names = lambda vs: None  # type: ignore[method-assign]
+    fs.fsyncdir("")
+    _crash_without_done_records(tmp_path, fs)
+    staged = sorted(tmp_path.joinpath(".ckptfs", "staging").iterdir(), key=lambda q: q.stat().st_ino)
+    entries, _ = decode_frames((tmp_path / ".ckptfs" / f"journal.{fs.journal.epoch}").read_bytes())
+    items = next(e for e in entries if e["op"] == "install_batch")["items"]
+    (tmp_path / items[1]["staging"]).write_bytes(b"changed after its seal")
+    assert len(staged) >= 3
+    rep = recover(OsBackingStore(str(tmp_path)))
+    assert (tmp_path / "f0.bin").read_bytes() == payload["f0.bin"]
+    assert not (tmp_path / "f1.bin").exists() and not (tmp_path / "f2.bin").exists()
+    assert not rep.inflight_completed and "f2.bin" not in rep.files
+    assert os.listdir(tmp_path / ".ckptfs" / "staging") == []

@@ -84,7 +84,15 @@ CARRY_MAX_CHUNKS = 32
 WRITEBACK_AHEAD = 1 << 20  # a bypassed version with more unhinted bytes starts their writeback before it is hashed
 #: versions per async group commit (C5); CKPTFS_BATCH_MAX=1: one install at a time, as before C5
 #: (the bench's comparison)
-BATCH_MAX = max(1, int(os.environ.get("CKPTFS_BATCH_MAX", "64")))
+def _batch_max() -> int:
+    try:
+        return max(1, int(os.environ.get("CKPTFS_BATCH_MAX", "64")))
+    except ValueError:
+        log.warning("CKPTFS_BATCH_MAX=%r is no number: 64", os.environ.get("CKPTFS_BATCH_MAX"))
+        return 64
+
+
+BATCH_MAX = _batch_max()
 SYNC_THREADS = 16  # concurrent data fsyncs of one batch (jbd2 commits them together)
 _NO_CARRY = (errno.ENOTSUP, errno.EOPNOTSUPP, errno.E2BIG, errno.ERANGE, errno.ENOSPC, errno.EPERM)
 
@@ -106,6 +114,12 @@ def abort_kind(reason: str, err: int | None = None) -> str:
 
 def _err(code: int, msg: str = "") -> OSError:
     return OSError(code, msg or os.strerror(code))
+
+
+def _own(e: OSError) -> OSError:
+    """A copy of ``e`` for one version: a reported failure is matched by identity
+    (:meth:`CommitEngine.reported`), so versions failed by one error must not share it."""
+    return OSError(e.errno or errno.EIO, e.strerror or str(e))
 
 
 class CommitEngine:
@@ -438,10 +452,13 @@ class CommitEngine:
         t0 = time.monotonic()
         batch: list[tuple[Version, FileRecord]] = []
         rest: list[Version] = []
+        paths: set[str] = set()
         for i, v in enumerate(vs):
-            if v.unlinked or v.record is None or len(v.record.chunks) > 64 * CARRY_MAX_CHUNKS:
+            if (v.unlinked or v.record is None or len(v.record.chunks) > 64 * CARRY_MAX_CHUNKS
+                    or v.path in paths):  # (a rename may have moved a queued version's path since _take)
                 rest = vs[i:]
                 break
+            paths.add(v.path)
             prev = self.records.get(v.path)
             rec = dataclasses.replace(v.record, generation=prev.generation + 1 if prev else 1)
             if (v.keep_prev and self.keep_plan(v.path, prev)) or not self.carry_record(v, rec):
@@ -455,7 +472,7 @@ class CommitEngine:
         entry = {"op": "install_batch",
                  "items": [{"op": "install", "path": v.path, "staging": v.staging, "rec": rec.to_json()}
                            for v, rec in batch]}
-        self.log_batch(entry)
+        mark = self.log_batch(entry)
         self._hit_each("intent_logged", batch)
         for n, (v, _rec) in enumerate(batch):
             try:
@@ -465,14 +482,17 @@ class CommitEngine:
             try:
                 self.put_in_place(v)
             except OSError as e:
-                # the intent names files never installed: restate it as what happened (synced, so
-                # recovery never finishes their renames), and fail them and those behind them
+                # the intent names files never installed: take it back and restate it as what
+                # happened (both synced, so recovery never finishes their renames), and fail them
+                # and those behind them
                 try:
-                    self.journal.append(dict(entry, items=entry["items"][:n]))
+                    self.journal.retract(mark)
+                    if n:
+                        self.journal.append(dict(entry, items=entry["items"][:n]))
                 except OSError as e2:  # (their staging files are removed below: nothing to finish)
                     log.warning("could not restate the group commit after a failed rename: %s", e2)
                 for w in [w for w, _ in batch[n:]] + rest:
-                    self.failed(w, e)
+                    self.failed(w, _own(e))
                     w.done.set()
                 batch, rest = batch[:n], []
                 break
@@ -492,12 +512,16 @@ class CommitEngine:
         took = time.monotonic() - t0
         self.stats["batches"] += 1
         self.stats["batched_installs"] += len(batch)
-        for v, rec in batch:
+        for v, rec in batch:  # all in place and durable: the tables say so before any hook runs
             if self.times.observe(v.seal_seconds + took, rec.size):
                 self.stats["slow_commits"] += 1
             self.installed(v, rec)
+        for v, _rec in batch:
             if self.groups is not None:
-                self.groups.after_install(v.path)
+                try:
+                    self.groups.after_install(v.path)  # (a seal can fail: reported for this file)
+                except OSError as e:
+                    self.failed(v, _own(e))
         self.maybe_compact()
         return rest
 
@@ -520,9 +544,10 @@ class CommitEngine:
                 raise e
         self.store.fsync_dir(parent(vs[0].staging))  # their staging names too: recovery renames by name
 
-    def log_batch(self, entry: dict) -> None:
-        """C5 step 2: the batch's intent, durable (also settles what was appended unsynced)."""
-        self.journal.append(entry)
+    def log_batch(self, entry: dict) -> int:
+        """C5 step 2: the batch's intent, durable (also settles what was appended unsynced); its
+        mark (to retract)."""
+        return self.journal.append(entry)
 
     def sync_batch_names(self, vs: list[Version]) -> None:
         """C5 step 4: the directories the batch's names landed in, then ``staging/`` (no staging
@@ -745,11 +770,14 @@ class Committer:
         batch = [v]
         eng = self.engine
         paths = {v.path}
-        if eng.batchable(v, set()):
-            while self.queue and len(batch) < BATCH_MAX and eng.batchable(self.queue[0], paths):
-                w = self.queue.popleft()
-                batch.append(w)
-                paths.add(w.path)
+        try:
+            if eng.batchable(v, set()):
+                while self.queue and len(batch) < BATCH_MAX and eng.batchable(self.queue[0], paths):
+                    w = self.queue.popleft()
+                    batch.append(w)
+                    paths.add(w.path)
+        except Exception:  # never the committer's death: what was taken installs as it is
+            log.exception("committer: choosing a group commit")
         return batch
 
     def _run(self) -> None:
@@ -795,16 +823,22 @@ class Committer:
                     eng.install(v)
                     v.done.set()
                     todo = todo[1:]
-        except OSError as e:
+        except Exception as exc:
+            # every version of ``todo`` not failed already is failed now, each with its own error
+            # (installed ones too: the error after their install is reported at the next fsync,
+            # as before C5).  Not the disk (a bug): EIO, and the committer lives on (a dead
+            # committer hangs every later fsync).
+            if isinstance(exc, OSError):
+                e = exc
+            else:
+                log.exception("committer: unexpected error")
+                e = OSError(errno.EIO, f"ckptfs: internal error during commit: {exc!r}")
             for v in todo:
-                if v.state not in (INSTALLED, DISCARDED) or v.error is e:
-                    eng.failed(v, e)
-        except Exception as e:  # a bug, not the disk: fail these commits, keep the committer alive
-            log.exception("committer: unexpected error")  # (a dead committer hangs every later fsync)
-            err = OSError(errno.EIO, f"ckptfs: internal error during commit: {e!r}")
-            for v in todo:
-                if v.state not in (INSTALLED, DISCARDED):
-                    eng.failed(v, err)
+                if v.state != DISCARDED:
+                    try:
+                        eng.failed(v, _own(e))
+                    except Exception:
+                        log.exception("committer: failing %s", v.path)
         finally:
             for v in batch:
                 v.done.set()

@@ -42,7 +42,8 @@ def batch_items(e: dict) -> list[dict]:
         if not isinstance(it, dict) or it.get("op") != "install" or "keep" in it:
             raise ValueError("install_batch item is not a plain install")
         FileRecord.from_json(it["rec"])
-        str(it["path"]), str(it["staging"])
+        if not isinstance(it["path"], str) or not isinstance(it["staging"], str):
+            raise TypeError("install_batch item path or staging is not a string")
     return items
 
 

@@ -76,6 +76,8 @@ class MountTable:
                     self._poll = select.poll()
                     self._poll.register(self._fd, select.POLLPRI)
                 except (OSError, AttributeError, ValueError):
+                    if self._fd is not None:
+                        os.close(self._fd)
                     self._fd, self._poll = -1, None
             if self._poll is None:
                 return [m.mountpoint for m in read_mountinfo()]
@@ -93,10 +95,12 @@ class MountTable:
             return self._cached
 
     def close(self) -> None:
+        """Close the file; later questions read the table each time (an epoch bump while the
+        mount goes away)."""
         with self._lock:
             if self._fd is not None and self._fd >= 0:
                 os.close(self._fd)
-            self._fd, self._poll, self._cached = None, None, None
+            self._fd, self._poll, self._cached = -1, None, None
 
 
 class Notifier:
