@@ -452,3 +452,30 @@ def test_a_user_mounts_for_real_through_fusermount3(users: list) -> None:
         st = (d / "model.json").stat()
         assert (st.st_uid, st.st_gid) == (uid, gid)
         assert (d / META_DIR).stat().st_uid == uid  # the daemon's own uid: the user's
+
+
+def test_a_planted_group_commit_entry_names_no_path_outside(tmp_path: Path) -> None:
+    """An ``install_batch`` entry (async group commit, engine/commit.py C5) is confined like every
+    other entry: an item staging from outside the directory, or installing outside it, makes the
+    whole entry untrusted; nothing is moved (its record even matches the file outside, so a
+    recovery that finished it would have taken that file in)."""
+    from ckptfs.hashing import IncrementalDigest
+
+    outside = tmp_path / "outside.txt"
+    outside.write_bytes(b"mine, outside the mount")
+    dig = IncrementalDigest()
+    dig.update(outside.read_bytes(), 0)
+    whole, chunks = dig.finish(outside.stat().st_size)
+    rec = {"size": outside.stat().st_size, "blake3": whole, "chunks": chunks, "generation": 1,
+           "committed_at": 0.0, "ino": outside.stat().st_ino}
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    (d / "a.txt").write_text("a")
+    _plant_entries(d, [{"op": "install_batch", "items": [
+        {"op": "install", "path": "stolen.txt", "staging": "../outside.txt", "rec": rec},
+        {"op": "install", "path": "../moved_by_root.txt", "staging": ".ckptfs/staging/x", "rec": rec}]}])
+    r = ckptfs("recover", str(d))
+    assert r.returncode == 0, r.stderr
+    assert outside.read_bytes() == b"mine, outside the mount"
+    assert not (d / "stolen.txt").exists() and not (tmp_path / "moved_by_root.txt").exists()
+    assert (d / "a.txt").read_text() == "a"

@@ -110,6 +110,7 @@ def _records(raw: object, problems: list[str], where: str) -> dict[str, FileReco
 
 
 _ID = re.compile(r"[0-9A-Za-z_-]{1,64}")
+MAX_BATCH_ITEMS = 4096  # files one group commit names (the committer makes at most 64)
 
 
 def entry_problem(e: object) -> str:
@@ -135,6 +136,15 @@ def entry_problem(e: object) -> str:
         return "keep names no kept generation"
     if "id" in e and not (isinstance(e["id"], str) and (_ID.fullmatch(e["id"]) or e["id"] == "")):
         return f"id {e['id']!r} is not a group id"
+    items = e.get("items")
+    if isinstance(items, list):  # an async group commit's installs (engine/commit.py C5): each confined
+        # as an entry of its own (their shape is checked where they are applied: replay.batch_items)
+        if len(items) > MAX_BATCH_ITEMS:
+            return f"items names more than {MAX_BATCH_ITEMS} entries"
+        for it in items:
+            why = entry_problem(it)
+            if why:
+                return f"item: {why}"
     for r in e.get("restore", []) if isinstance(e.get("restore", []), list) else [None]:
         if not (isinstance(r, dict) and safe_rel(r.get("path")) and safe_rel(r.get("name"), GEN_DIR)):
             return "restore names a path outside the directory"
