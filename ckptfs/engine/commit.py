@@ -25,9 +25,9 @@ is made on the committer's thread before the install, outside ``commit_lock``
 Async group commit (:meth:`CommitEngine.install_batch`, C5): versions queued behind each other
 are installed together, in close order, at a fraction of a sync each:
 
-1. each record on its staged inode, then every staged file fsynced (in parallel: the backing
-   file system's journal commits concurrent fsyncs together), then ``staging/``: recovery finds
-   each staged file by its name
+1. each record on its staged inode, then every staged file fsynced (concurrently: the device,
+   and a journaling file system, serve them together), then ``staging/``: recovery finds each
+   staged file by its name
 2. one journal intent naming them all (``install_batch``) + ``fdatasync``: from here recovery
    finishes every rename of the batch (roll forward), so a power loss leaves a prefix of the
    closes installed, never a later file without an earlier one
@@ -36,7 +36,8 @@ are installed together, in close order, at a fraction of a sync each:
    staging name a later unlink could see resurrected by recovery's roll forward survives
 
 So n files in k directories cost n data syncs (concurrent), two of ``staging/``, one of the
-journal and k of directories, not 2n in sequence.  A version that journals an intent of its own
+journal and k of directories: n + 3 + k, fewer than the 2n in sequence of one install at a time
+once n > k + 3 (a smaller batch trades syncs for their concurrency).  A version that journals an intent of its own
 (a kept generation, a record too large to travel), a pointer (G6), an unlinked one, and a second
 version of a path already in the batch end the batch; they install alone, in order.
 
@@ -93,7 +94,7 @@ def _batch_max() -> int:
 
 
 BATCH_MAX = _batch_max()
-SYNC_THREADS = 16  # concurrent data fsyncs of one batch (jbd2 commits them together)
+SYNC_THREADS = 16  # concurrent data fsyncs of one batch
 _NO_CARRY = (errno.ENOTSUP, errno.EOPNOTSUPP, errno.E2BIG, errno.ERANGE, errno.ENOSPC, errno.EPERM)
 
 
@@ -114,6 +115,11 @@ def abort_kind(reason: str, err: int | None = None) -> str:
 
 def _err(code: int, msg: str = "") -> OSError:
     return OSError(code, msg or os.strerror(code))
+
+
+def _travels(rec: FileRecord) -> bool:
+    """Whether ``rec`` fits on its file (at most CARRY_MAX_CHUNKS chunk digests, 64 hex each)."""
+    return len(rec.chunks) <= 64 * CARRY_MAX_CHUNKS
 
 
 def _own(e: OSError) -> OSError:
@@ -351,7 +357,7 @@ class CommitEngine:
             assert self.committer is not None
             self.committer.submit(v)
         if wait and self.committer is not None and v.state in (QUEUED, COMMITTING):
-            self.committer.wait(v)
+            self.wait_done(v)
             if v.error is not None:
                 self.reported(v)
                 raise _err(v.error.errno or errno.EIO, str(v.error))
@@ -434,7 +440,7 @@ class CommitEngine:
         intent of its own, is known under ``commit_lock``: :meth:`install_batch` ends there.)"""
         rec = v.record
         if rec is not None:
-            fits = len(rec.chunks) <= 64 * CARRY_MAX_CHUNKS
+            fits = _travels(rec)
         else:  # its digest is due (C4): made by finish_seal before the batch installs
             fits = v.digest_due is not None and v.size <= CARRY_MAX_CHUNKS << 20
         return (self.carry and fits and not v.unlinked and v.path not in paths
@@ -454,8 +460,8 @@ class CommitEngine:
         rest: list[Version] = []
         paths: set[str] = set()
         for i, v in enumerate(vs):
-            if (v.unlinked or v.record is None or len(v.record.chunks) > 64 * CARRY_MAX_CHUNKS
-                    or v.path in paths):  # (a rename may have moved a queued version's path since _take)
+            if v.unlinked or v.record is None or v.path in paths:  # (a rename may have moved a queued
+                # version's path since _take; a record too large to travel ends it below)
                 rest = vs[i:]
                 break
             paths.add(v.path)
@@ -560,7 +566,7 @@ class CommitEngine:
         """Step 1: ``rec`` set on the staged inode (records.XATTR), made durable by step 2.  False
         where it cannot travel there (a record of more than CARRY_MAX_CHUNKS chunks; no user xattrs
         on the backing fs): then step 3 journals it before the rename, as every install once did."""
-        if not self.carry or len(rec.chunks) > 64 * CARRY_MAX_CHUNKS:
+        if not self.carry or not _travels(rec):
             return False
         try:
             self.store.fsetxattr(v.fd, XATTR, to_xattr(rec))
