@@ -54,7 +54,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ckptfs import META_DIR, __version__, events, exits, procinfo, xattrs
+from ckptfs import META_DIR, __version__, acl, events, exits, procinfo, xattrs
 from ckptfs.backing import BackingStore
 from ckptfs.engine import staged
 from ckptfs.engine.commit import CommitEngine
@@ -1023,7 +1023,11 @@ class CkptFS:
             if stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISGID:
                 self.store.chmod(path, stat.S_IMODE(st.st_mode))  # keep the inherited setgid bit
 
-    def create(self, path: str, mode: int, flags: int = os.O_WRONLY, caller: Caller = NOBODY) -> int:
+    def create(self, path: str, mode: int, flags: int = os.O_WRONLY, caller: Caller = NOBODY,
+               umask: int | None = None) -> int:
+        """Create ``path`` and open it for writing.  ``umask``: the creator's, where the transport
+        leaves it to us (FUSE_DONT_MASK; None: the kernel applied it), so a directory's default ACL
+        is inherited as natively (``acl.py``)."""
         path = self.norm(path)
         if self._is_view(path):
             raise _err(errno.EROFS)
@@ -1039,10 +1043,10 @@ class CkptFS:
 
         app = bool(flags & os.O_APPEND)
         return self._new_fh(Handle(path=path, writable=True, appending=app, published=True,
-                                   version=self._publish_new(path, mode, caller, check, app)))
+                                   version=self._publish_new(path, mode, caller, check, app, umask)))
 
     def _publish_new(self, path: str, mode: int, caller: Caller, check: Callable[[], None],
-                     appending: bool = False) -> Version:
+                     appending: bool = False, umask: int | None = None) -> Version:
         """A new, empty version of ``path`` (create, open with O_TRUNC), made outside ``lock`` (I5:
         it is disk work) and published under it, where readers and writers of ``path`` find it.
 
@@ -1054,7 +1058,7 @@ class CkptFS:
             with self.lock:
                 seq = self.ns_seq
             check()
-            nv = self.staging.new_version_like(path, mode, caller)
+            nv = self.staging.new_version_like(path, mode, caller, umask)
             with self.lock:
                 if self.ns_seq == seq:
                     old = self.pending.get(path)
@@ -1705,7 +1709,8 @@ class CkptFS:
             self.grp.poke(v.path)
 
     # ----------------------------------------------------- namespace changes
-    def mkdir(self, path: str, mode: int, caller: Caller = NOBODY) -> None:
+    def mkdir(self, path: str, mode: int, caller: Caller = NOBODY, umask: int | None = None) -> None:
+        """``umask``: as for :meth:`create`; the backing filesystem inherits a default ACL itself."""
         path = self.norm(path)
         if self._is_view(path):
             raise _err(errno.EROFS)
@@ -1715,6 +1720,7 @@ class CkptFS:
         with self.commit_lock:
             if self._lexists(path):
                 raise _err(errno.EEXIST)
+            mode = acl.in_place_mode(self.staging.default_acl(parent(path)), mode, umask)
 
             def do() -> None:
                 self.store.mkdir(path, stat.S_IMODE(mode))
@@ -1809,7 +1815,7 @@ class CkptFS:
                 self.ns_seq += 1
             self.gens.collect()
 
-    def mknod(self, path: str, mode: int, dev: int = 0, caller: Caller = NOBODY) -> None:
+    def mknod(self, path: str, mode: int, dev: int = 0, caller: Caller = NOBODY, umask: int | None = None) -> None:
         """A fifo, socket or device node (as the backing filesystem allows); a regular file made by
         mknod(2) is an empty committed file."""
         path = self.norm(path)
@@ -1818,7 +1824,7 @@ class CkptFS:
         if is_meta(path) or path == "":
             raise _err(errno.EACCES)
         if stat.S_ISREG(mode) or stat.S_IFMT(mode) == 0:
-            fh = self.create(path, stat.S_IMODE(mode), os.O_WRONLY | os.O_CREAT | os.O_EXCL, caller)
+            fh = self.create(path, stat.S_IMODE(mode), os.O_WRONLY | os.O_CREAT | os.O_EXCL, caller, umask)
             try:
                 h = self.handles[fh]
                 if h.version is not None:
@@ -1833,6 +1839,7 @@ class CkptFS:
         with self.commit_lock:
             if self._lexists(path):
                 raise _err(errno.EEXIST)
+            mode = acl.in_place_mode(self.staging.default_acl(parent(path)), mode, umask)
 
             def do() -> None:
                 self.store.mknod(path, mode, dev)

@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ckptfs import procinfo
+from ckptfs import acl, procinfo
 from ckptfs.backing import BackingStore
 from ckptfs.engine.pool import StagingPool
 from ckptfs.inodes import InodeMap
@@ -168,17 +168,26 @@ class Staging:
             pass
         return caller.uid, gid
 
+    def default_acl(self, directory: str) -> bytes | None:
+        """The default ACL value of ``directory`` on the backing store, None where it has none (or
+        the backing filesystem keeps no ACLs)."""
+        try:
+            return self.store.getxattr(directory, acl.DEFAULT)
+        except OSError:
+            return None
+
     def new_version(self, path: str, mode: int, caller: Caller, src: Version | None = None,
                      src_fd: int | None = None, like: os.stat_result | None = None,
-                     xattrs_from: int | None = None) -> Version:
+                     xattrs_from: int | None = None, umask: int | None = None) -> Version:
         """Create a staged version of ``path``; cloned from src/src_fd if given.
 
         Invariant (transparency): a new version of an existing file (``like``: the stat of the
         version it replaces) gets that file's owner, group, mode and extended attributes
         (``xattrs_from``: an open fd of it), so a rewrite through the mount changes
-        the bytes only, as an in-place write does natively.  A new file gets exactly the requested
-        mode (the kernel has applied the caller's umask; the daemon runs with umask 0) and the
-        owner :meth:`_new_owner` gives."""
+        the bytes only, as an in-place write does natively.  A new file gets the mode and access
+        ACL a native create in its directory gives (``acl.create_mode``: the directory's default
+        ACL masked by the requested mode, or else the requested mode less ``umask``; ``umask``
+        None: the kernel applied it already) and the owner :meth:`new_owner` gives."""
         got = self._pooled()
         if got is not None:
             name, fd = got
@@ -192,8 +201,10 @@ class Staging:
                 self.inodes.carry(v.ino, like.st_ino, like.st_nlink)  # same st_ino as the file it replaces
             if like is not None:
                 uid, gid, perm = like.st_uid, like.st_gid, stat.S_IMODE(like.st_mode)
+                access = None  # its ACL is among the attributes copied from it
             else:
-                (uid, gid), perm = self.new_owner(path, caller), stat.S_IMODE(mode)
+                uid, gid = self.new_owner(path, caller)
+                perm, access = acl.create_mode(self.default_acl(parent(path)), stat.S_IMODE(mode), umask)
                 if perm & stat.S_ISGID and caller.uid != 0 and caller is not NOBODY \
                         and gid != caller.gid and gid not in procinfo.groups(caller.pid):
                     perm &= ~stat.S_ISGID  # as the VFS does for a non-member (kernels before 6.0 leave it to us)
@@ -205,6 +216,8 @@ class Staging:
                 except OSError:
                     pass
             self.store.fchmod(fd, perm)  # after the chown, which clears setuid/setgid
+            if access is not None:
+                self.store.fsetxattr(fd, acl.ACCESS, access)  # inherited (the mode's bits agree with it)
             if xattrs_from is not None:
                 self.copy_xattrs(xattrs_from, fd)
             if src is not None:
@@ -283,11 +296,11 @@ class Staging:
             return None, None, _nothing  # replaced meanwhile; an I/O error reaches the caller
         return st, fd, lambda: self.store.close(fd)
 
-    def new_version_like(self, path: str, mode: int, caller: Caller) -> Version:
+    def new_version_like(self, path: str, mode: int, caller: Caller, umask: int | None = None) -> Version:
         """A new, empty version of ``path`` with the attributes of the version it replaces (if any)."""
         like, xfd, done = self.existing_attrs(path)
         try:
-            return self.new_version(path, mode, caller, like=like, xattrs_from=xfd)
+            return self.new_version(path, mode, caller, like=like, xattrs_from=xfd, umask=umask)
         finally:
             done()
 

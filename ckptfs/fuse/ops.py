@@ -277,15 +277,15 @@ class Ops:
         return self.entry(path, self.fs.getattr(path, None, c))
 
     def mknod(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
-        mode, rdev, _umask, _ = k.MKNOD_IN.unpack_from(body)
+        mode, rdev, umask, _ = k.MKNOD_IN.unpack_from(body)
         path = self.child(node, _name(body[k.MKNOD_IN.size:]))
-        self.fs.mknod(path, mode, rdev, c)
+        self.fs.mknod(path, mode, rdev, c, umask & 0o777)
         return self.entry(path, self.fs.getattr(path, None, c))
 
     def mkdir(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
-        mode, _umask = k.MKDIR_IN.unpack_from(body)
+        mode, umask = k.MKDIR_IN.unpack_from(body)
         path = self.child(node, _name(body[k.MKDIR_IN.size:]))
-        self.fs.mkdir(path, mode | stat.S_IFDIR, c)
+        self.fs.mkdir(path, mode | stat.S_IFDIR, c, umask & 0o777)
         return self.entry(path, self.fs.getattr(path, None, c))
 
     def _hide(self, path: str, n: Node, c: Caller, before: str) -> str:
@@ -544,13 +544,13 @@ class Ops:
         return True
 
     def create(self, node: Node | None, nid: int, c: Caller, body: memoryview) -> Any:
-        flags, mode, _umask, _ = k.CREATE_IN.unpack_from(body)
+        flags, mode, umask, _ = k.CREATE_IN.unpack_from(body)
         path = self.child(node, _name(body[k.CREATE_IN.size:]))
         pt = self.passthrough
         if pt is not None:  # a writer never lands on a node passthrough readers hold (P2, P4)
             pt.writer_arrives(self.nodes.at(path), path, create=True, isolate=self.fs.isolates(path))
         try:
-            fh = self.fs.create(path, mode, flags, c)
+            fh = self.fs.create(path, mode, flags, c, umask & 0o777)
             try:
                 st = self.fs.getattr(path, fh, c)
             except OSError:

@@ -176,8 +176,10 @@ class Session:
         self.proto_minor = min(minor, k.KERNEL_MINOR)
         # no HANDLE_KILLPRIV: the kernel clears setuid/setgid on a write by another user itself
         # (pjdfstest chmod/12)
+        # DONT_MASK: CREATE, MKDIR and MKNOD carry the creator's umask unapplied, so a directory's
+        # default ACL is inherited without it, as natively (ckptfs/acl.py); every one of them applies it
         want = (k.ASYNC_READ | k.ATOMIC_O_TRUNC | k.BIG_WRITES | k.PARALLEL_DIROPS | k.AUTO_INVAL_DATA
-                | k.ASYNC_DIO | k.MAX_PAGES | k.INIT_EXT)
+                | k.ASYNC_DIO | k.MAX_PAGES | k.INIT_EXT | k.DONT_MASK)
         flags = kflags & want
         flags2 = 0
         if kflags & k.INIT_EXT and kflags2 & k.DIRECT_IO_ALLOW_MMAP:
@@ -288,7 +290,7 @@ class Session:
 def serve_native(fs: CkptFS, mountpoint: str, *, allow_other: bool = False, debug: bool = False,
                  timeout: float = 0.0, passthrough: bool = True) -> None:
     """Mount ``fs`` at ``mountpoint`` with the native transport and serve until unmounted."""
-    os.umask(0)  # the kernel applied the caller's umask already (no FUSE_DONT_MASK)
+    os.umask(0)  # every create applies the creator's umask itself (FUSE_DONT_MASK, ckptfs/acl.py)
     target = os.path.realpath(mountpoint)
     before = _fuse_devs_at(target)
     fd = kernel_mount(target, f"ckptfs:{fs.backing_label}"[:200], allow_other)
