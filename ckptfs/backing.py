@@ -158,6 +158,7 @@ class OsBackingStore:
         else:
             self.root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
         self.root_path = root if isinstance(root, str) else f"<fd {root}>"
+        self._proc_xattrs = sys.platform.startswith("linux") and os.path.isdir(f"/proc/self/fd/{self.root_fd}")
 
     def shutdown(self) -> None:
         os.close(self.root_fd)
@@ -406,9 +407,19 @@ class OsBackingStore:
         return self.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
 
     def _xattr_call(self, path: str, fn, *args):  # type: ignore[no-untyped-def]
-        """Run an xattr call on ``path``: through an fd for files and directories; for what cannot be
-        opened safely (symlinks, sockets, fifos, devices) by name through the root fd's /proc link,
-        which reaches the backing directory even under an in-place mount."""
+        """Run an xattr call on ``path`` (the last component never followed).  On Linux by name
+        through the root fd's /proc link, which reaches the backing directory even under an
+        in-place mount: one system call (issue 27: ``ls -l`` asks two attributes of every file, and
+        every create asks its directory's default ACL).  Elsewhere through an fd for files and
+        directories; what cannot be opened safely there (symlinks, sockets, fifos, devices) is
+        unsupported."""
+        if self._proc_xattrs:
+            d, rel, own = self._at(path)
+            try:
+                return fn(f"/proc/self/fd/{d}/{rel}", *args, follow_symlinks=False)
+            finally:
+                if own:
+                    os.close(d)
         try:
             st = self.lstat(path)
         except OSError:

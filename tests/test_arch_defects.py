@@ -237,8 +237,8 @@ def test_a_truncating_open_never_brings_back_a_file_unlinked_meanwhile(tmp_path:
         _write(fs, "a", b"OLD")
         make = fs.staging.new_version_like
 
-        def unlinked_meanwhile(path, mode, caller):  # type: ignore[no-untyped-def]
-            nv = make(path, mode, caller)
+        def unlinked_meanwhile(path, mode, caller, umask=None):  # type: ignore[no-untyped-def]
+            nv = make(path, mode, caller, umask)
             if (tmp_path / "a").exists():
                 fs.unlink("a")  # another thread's unlink completes here
             return nv

@@ -665,3 +665,30 @@ def test_recovery_finishes_a_group_commit_only_up_to_a_staged_file_it_cannot_ins
     assert not (tmp_path / "f1.bin").exists() and not (tmp_path / "f2.bin").exists()
     assert not rep.inflight_completed and "f2.bin" not in rep.files
     assert os.listdir(tmp_path / ".ckptfs" / "staging") == []
+
+
+@pytest.mark.parametrize("size", [0, 3000, 1 << 20, (1 << 20) + 1, 5 << 20])
+def test_a_small_files_record_travels_compact_and_every_form_is_read(tmp_path, size) -> None:
+    """records.COMPACT for files of at most one chunk (57 bytes: it fits in an ext4 inode, so the
+    file gets no extended-attribute block), JSON above; the JSON form a file written before carries
+    is read as before, and a compact value that is not a record is refused."""
+    from ckptfs.records import COMPACT, from_xattr
+
+    fs = CkptFS(OsBackingStore(str(tmp_path)))
+    save(fs, "f.bin" if size else "f.txt", os.urandom(size))
+    name = "f.bin" if size else "f.txt"
+    rec = fs.records[name]
+    fs.shutdown()
+    carried = os.getxattr(tmp_path / name, "user.ckptfs.rec")
+    assert (len(carried) == COMPACT.size) == (size <= 1 << 20)
+    assert from_xattr(carried) == rec
+    assert from_xattr(json.dumps(rec.to_json()).encode()) == rec  # the form earlier versions wrote
+    if len(carried) == COMPACT.size:
+        bad = bytearray(carried)
+        bad[33:37] = (5 << 20).to_bytes(4, "little")  # a size its one digest cannot cover
+        with pytest.raises(ValueError):
+            from_xattr(bytes(bad))
+        bad = bytearray(carried)
+        bad[41:49] = b"\x00\x00\x00\x00\x00\x00\xf8\x7f"  # committed_at NaN
+        with pytest.raises(ValueError):
+            from_xattr(bytes(bad))
