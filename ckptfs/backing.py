@@ -402,7 +402,7 @@ class OsBackingStore:
     def statvfs(self) -> os.statvfs_result:
         return os.fstatvfs(self.root_fd)
 
-    # -- xattrs (fd based: works under an in-place mount, no /proc needed) --
+    # -- xattrs (by name through /proc on Linux; fd based elsewhere) --
     def _xattr_fd(self, path: str) -> int:
         return self.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
 
@@ -413,31 +413,24 @@ class OsBackingStore:
         every create asks its directory's default ACL).  Elsewhere through an fd for files and
         directories; what cannot be opened safely there (symlinks, sockets, fifos, devices) is
         unsupported."""
-        if self._proc_xattrs:
-            d, rel, own = self._at(path)
+        if not self._proc_xattrs:
             try:
-                return fn(f"/proc/self/fd/{d}/{rel}", *args, follow_symlinks=False)
-            finally:
-                if own:
-                    os.close(d)
+                st = self.lstat(path)
+            except OSError:
+                st = None
+            if st is None or (st.st_mode & 0o170000) in (0o100000, 0o040000):
+                fd = self._xattr_fd(path)
+                try:
+                    return fn(fd, *args)
+                finally:
+                    os.close(fd)
+            raise OSError(errno.ENOTSUP, "xattrs on special files unsupported here")
+        d, rel, own = self._at(path)
         try:
-            st = self.lstat(path)
-        except OSError:
-            st = None
-        if st is not None and (st.st_mode & 0o170000) not in (0o100000, 0o040000):
-            if not sys.platform.startswith("linux"):
-                raise OSError(errno.ENOTSUP, "xattrs on special files unsupported here")
-            d, rel, own = self._at(path)
-            try:
-                return fn(f"/proc/self/fd/{d}/{rel}", *args, follow_symlinks=False)
-            finally:
-                if own:
-                    os.close(d)
-        fd = self._xattr_fd(path)
-        try:
-            return fn(fd, *args)
+            return fn(f"/proc/self/fd/{d}/{rel}", *args, follow_symlinks=False)
         finally:
-            os.close(fd)
+            if own:
+                os.close(d)
 
     def getxattr(self, path: str, name: str) -> bytes:
         if not hasattr(os, "getxattr"):

@@ -692,3 +692,37 @@ def test_a_small_files_record_travels_compact_and_every_form_is_read(tmp_path, s
         bad[41:49] = b"\x00\x00\x00\x00\x00\x00\xf8\x7f"  # committed_at NaN
         with pytest.raises(ValueError):
             from_xattr(bytes(bad))
+
+
+@pytest.mark.parametrize("by_proc", [True, False])
+def test_backing_xattr_calls_by_name_and_by_fd_agree(tmp_path, by_proc) -> None:
+    """The backing store's xattr calls: by name through /proc (Linux) or through an fd (elsewhere,
+    where special files are unsupported); both reach files and directories the same way and
+    follow no last-component symlink."""
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "f").write_bytes(b"x")
+    os.symlink("f", tmp_path / "d" / "link")
+    os.mkfifo(tmp_path / "d" / "fifo")
+    store = OsBackingStore(str(tmp_path))
+    store._proc_xattrs = by_proc
+    try:
+        for p in ("d", "d/f"):
+            store.setxattr(p, "user.k", b"v", 0)
+            assert store.getxattr(p, "user.k") == b"v"
+            assert "user.k" in store.listxattr(p)
+            store.removexattr(p, "user.k")
+            with pytest.raises(OSError) as e:
+                store.getxattr(p, "user.k")
+            assert e.value.errno == errno.ENODATA
+        store.setxattr("d/f", "user.k", b"v", 0)
+        with pytest.raises(OSError) as e:
+            store.getxattr("d/link", "user.k")  # the link itself (none), never f's
+        assert e.value.errno in ((errno.ENODATA,) if by_proc else (errno.ENOTSUP,))
+        with pytest.raises(OSError) as e:
+            store.getxattr("d/fifo", "user.k")  # never opened (a fifo's open would block)
+        assert e.value.errno == (errno.ENODATA if by_proc else errno.ENOTSUP)
+        with pytest.raises(OSError) as e:
+            store.getxattr("d/gone", "user.k")
+        assert e.value.errno == errno.ENOENT
+    finally:
+        store.shutdown()
