@@ -216,3 +216,12 @@ def test_a_frame_of_a_non_object_is_damage() -> None:
     frame = len(payload).to_bytes(4, "little") + zlib.crc32(payload).to_bytes(4, "little") + payload
     assert decode_frames(frame) == ([], 0)
     assert STAGING.startswith(META_DIR)
+
+
+def test_a_deeply_nested_group_commit_entry_is_refused_without_recursion() -> None:
+    """A planted ``install_batch`` whose items hold items of their own (3,000 deep) is an untrusted
+    entry, not a RecursionError in the loader."""
+    e: dict = {"op": "install", "path": "a", "staging": ".ckptfs/staging/x"}
+    for _ in range(3000):
+        e = {"op": "install_batch", "items": [e]}
+    assert entry_problem(e) == "an item names items of its own"

@@ -142,6 +142,8 @@ def entry_problem(e: object) -> str:
         if len(items) > MAX_BATCH_ITEMS:
             return f"items names more than {MAX_BATCH_ITEMS} entries"
         for it in items:
+            if isinstance(it, dict) and "items" in it:
+                return "an item names items of its own"  # (one level: no recursion on planted depth)
             why = entry_problem(it)
             if why:
                 return f"item: {why}"
