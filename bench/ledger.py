@@ -41,6 +41,25 @@ GROUP = ("g = f'{d}/step_{i + 1}'; os.mkdir(g); [open(f'{g}/{n}', 'wb').write(m)
          "('model.bin', 'optim.bin')]; open(f'{g}/rng.json', 'wb').write(b'{\"seed\": 1}'); "
          "open(f'{g}/COMMIT', 'wb').write(b'ok')")
 
+ATOMIC_GROUP_SETUP = """
+m = os.urandom(128 << 10)
+def asave_group(g):
+    os.mkdir(g)
+    pfd = os.open(os.path.dirname(g), os.O_RDONLY)
+    os.fsync(pfd)
+    os.close(pfd)
+    gfd = os.open(g, os.O_RDONLY)
+    for n, b in (("model.bin", m), ("optim.bin", m[:65536]), ("rng.json", b'{"seed": 1}'),
+                 ("MANIFEST.json", b'{"files": 3}'), ("COMMIT", b"ok")):
+        fd = os.open(f"{g}/{n}.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.write(fd, b)
+        os.fsync(fd)
+        os.close(fd)
+        os.rename(f"{g}/{n}.tmp", f"{g}/{n}")
+        os.fsync(gfd)
+    os.close(gfd)
+"""
+
 # name -> (runs, setup code, code run ``n`` times with ``i`` the iteration and ``d`` the directory)
 OPS: dict[str, tuple[int, str, str]] = {
     "small file: open, write 1 KiB, close": (
@@ -57,6 +76,9 @@ OPS: dict[str, tuple[int, str, str]] = {
     # step_0 is saved in the untraced setup: the 20 measured are a run's later checkpoints (a sibling
     # exists, and so does .ckptfs/groups)
     "group: mkdir step_N, 3 files, COMMIT": (20, "m = os.urandom(128 << 10); i = -1; " + GROUP, GROUP),
+    # W7's group (issue 27): the already-atomic writer's own syncs are the yardstick, 2 per file + 1
+    "already-atomic group: mkdir step_N, fsync(.), 5 files tmp, fsync, rename, fsync(dir)": (
+        10, WARM + ATOMIC_GROUP_SETUP, "asave_group(f'{d}/step_{i}')"),
     "unlink of a small file (rm)": (
         100, "[open(f'{d}/u{k}.txt', 'wb').write(b'x') for k in range(100)]", "os.unlink(f'{d}/u{i}.txt')"),
     "open + close (read-only)": (

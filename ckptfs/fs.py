@@ -32,8 +32,9 @@ I8  A namespace change that is one change of one name, and that recovery reads f
     disk, and recovery drops the record of a file that is gone.  I2 holds: the change is
     durable before anything after it is journaled.  A rename is two changes: a power loss
     can leave the file under both names, which recovery must undo.  Only a rename of a
-    temporary name over the name it stands for, in one directory, outside groups and kept
-    generations (``model.pt.tmp`` -> ``model.pt``, ``latest.tmp`` -> ``latest``) is I8:
+    temporary name over the name it stands for, in one directory, outside kept generations and
+    outside groups or in an open group never sealed (``model.pt.tmp`` -> ``model.pt``,
+    ``latest.tmp`` -> ``latest``, ``step_5/COMMIT.tmp`` -> ``step_5/COMMIT``) is I8:
     recovery recognizes that pair on the disk (R2, ``recovery.finish_temp_renames``).  Any
     other rename keeps its synced intent (without it the model checker's
     ``pointer_rotation`` under *weak* finds a left-over ``latest.tmp``).
@@ -664,6 +665,23 @@ class CkptFS:
             return False
         m = TEMP_OF_RE.fullmatch(os.path.basename(old))
         return m is not None and m.group(1) == os.path.basename(new)
+
+    def _in_unsealed_group(self, path: str) -> bool:
+        """Whether ``path`` lies in an open group that was never sealed (no re-save, no late
+        reopening, nothing kept or rolled back to): a temporary name renamed over its name there is
+        I8 as outside groups (W7, an already-atomic writer's group: ``model.pt.tmp`` -> ``model.pt``,
+        ``COMMIT.tmp`` -> ``COMMIT``), a tentative group's too (the rename promotes it: its entry is
+        settled before the rename, as any entry owed).  Nothing of such a group's state is journaled by the rename
+        (its members are the records at its seal, its seal follows the rename's directory fsync),
+        so recovery reads the rename from the disk alone, R2 included (model checker:
+        ``atomic_group``)."""
+        g = self.grp.group_of(path)
+        if g is None:  # a tentative group (``mkdir step_5``: no checkpoint file yet) the rename may promote
+            g = self.groups.get(parent(path))
+            if g is None or not g.tentative:
+                return False
+        return (g.state == OPEN and not g.late and not g.manifest_blake3 and not g.corrupt
+                and not g.seal_requested and not SealedView.applies(g))
 
     def _space(self) -> tuple[int, int]:
         """(bytes free, size) of the backing filesystem (as root writes: f_bfree)."""
@@ -1991,6 +2009,8 @@ class CkptFS:
                 keep = self._keep_plan(new, self.records[new])
             if on_disk:
                 dirs = [parent(new), parent(old)]
+                # (judged before note_rename, which may reopen a sealed group for a re-save)
+                fresh = not is_dir and self._in_unsealed_group(old)
                 self.grp.note_rename(old, new, caller.pid, is_dir)
                 entry: dict[str, Any] = {"op": "rename", "src": old, "dst": new, "ino": src_st.st_ino}
                 if keep is not None:
@@ -2007,7 +2027,7 @@ class CkptFS:
                         raise
 
                 plain = (not is_dir and keep is None and self._temp_rename(old, new)  # I8 + R2
-                         and self.grp.group_of(old) is None and self.grp.group_of(new) is None
+                         and (fresh or (self.grp.group_of(old) is None and self.grp.group_of(new) is None))
                          and not self.gens.of(old) and not self.gens.of(new))
                 self.commit.ns_op(entry, do, dirs, after=plain)
                 if is_dir:  # (a file is never a group nor holds one)

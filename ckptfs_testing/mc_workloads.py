@@ -188,6 +188,26 @@ def dcp(mode: str = "sync", steps: int = 2, shards: int = 6) -> Workload:
     return Workload("dcp", mode, run, [group_whole(".metadata")])
 
 
+def atomic_group(mode: str = "sync", steps: int = 2) -> Workload:
+    """W7, an application that is already atomic, saving a checkpoint group per step: ``mkdir
+    step_s`` and an fsync of its parent, then each file (model.pt, optim.pt, and COMMIT last)
+    written as ``name.tmp``, fsynced, renamed over ``name``, the directory fsynced.  Its renames
+    are of temporary names inside an open group (I8 with R2: one sync each)."""
+    def run(d: Driver) -> None:
+        for s in range(steps):
+            files = {"model.pt": torch_bytes(800 + s), "optim.pt": torch_bytes(900 + s, 512)}
+            step = f"step_{s}"
+            d.mkdir(step)
+            d.fsyncdir()
+            listed = {n: b3(b) for n, b in files.items()}
+            for name, data in [*files.items(), ("COMMIT", json.dumps({"files": listed}).encode())]:
+                d.save(f"{step}/{name}.tmp", data, fsync=True)
+                d.rename(f"{step}/{name}.tmp", f"{step}/{name}")
+                d.fsyncdir(step)
+
+    return Workload("atomic_group" if mode == "sync" else "async_atomic_group", mode, run, [group_whole("COMMIT")])
+
+
 def pointer_rotation(mode: str = "sync", steps: int = 4, compact_every: int = 12) -> Workload:
     """Per step: SHARDS torch.save shards, latest.tmp + rename over latest, unlink step-2, fsync(dir).
 
@@ -283,10 +303,11 @@ def _workloads(scale: str) -> list[Workload]:
                 pointer_rotation(steps=6), pointer_rotation("async", steps=6),
                 dcp("async", steps=3, shards=8), late(), late("async"), resave(), resave("async"),
                 resave(by_rename=True), append_log(), append_log("async"), tree("async", files=3),
-                held(group("async")), held(dcp("async", steps=2, shards=4)), held(pointer_rotation("async", steps=4))]
+                held(group("async")), held(dcp("async", steps=2, shards=4)), held(pointer_rotation("async", steps=4)),
+                atomic_group(steps=2), atomic_group("async", steps=2)]
     return [single(), overwrite(), group(steps=1), dcp(steps=2, shards=3), pointer_rotation(steps=3),
             pointer_rotation("async", steps=3), late(), resave(), append_log(), tree("async"),
-            held(group("async", steps=1))]
+            held(group("async", steps=1)), atomic_group(steps=1)]
 
 
 def with_async_name(w: Workload) -> Workload:
@@ -297,7 +318,7 @@ def with_async_name(w: Workload) -> Workload:
 
 WORKLOADS: dict[str, Callable[..., Workload]] = {
     "single": single, "overwrite": overwrite, "group": group, "dcp": dcp, "pointer_rotation": pointer_rotation,
-    "late": late, "resave": resave, "append_log": append_log,
+    "late": late, "resave": resave, "append_log": append_log, "atomic_group": atomic_group,
 }
 
 
@@ -308,6 +329,7 @@ BAD_VARIANTS = (
     "rename_before_intent",  # install: rename before the journal intent is written
     "no_journal_sync",       # install: intent appended without fdatasync
     "ns_no_dir_fsync",       # namespace ops (rename/unlink/mkdir): directories not fsynced
+    "temp_rename_no_dir_fsync",  # I8: a temporary name renamed over its name, directory not fsynced
     "prefix_any",            # V2 wrong: whatever a killed writer wrote is committed (checkpoints too)
     "record_not_carried",    # install: no intent, and the record is not set on the staged file (R1 broken)
     "no_settle",             # install: no intent, and unsynced journal entries (a group opened) not settled
@@ -319,7 +341,8 @@ BAD_VARIANTS = (
 #: variants only the weak model catches: ext4 orders metadata, so a missing directory fsync is
 #: covered by the next fsync of anything, and a group commit's renames land in order, each with its
 #: staging name gone (ordering bugs, caught under both, are the rest)
-WEAK_ONLY = ("no_dir_fsync", "ns_no_dir_fsync", "batch_no_intent", "batch_no_staging_sync")
+WEAK_ONLY = ("no_dir_fsync", "ns_no_dir_fsync", "temp_rename_no_dir_fsync", "batch_no_intent",
+             "batch_no_staging_sync")
 
 
 class BadCommit(CommitEngine):
@@ -360,6 +383,8 @@ class BadCommit(CommitEngine):
             self.store.fsync(v.fd)  # the data only after the rename (and its directory) are durable
 
     def ns_op(self, entry: dict, do, dirs: list[str], after: bool = False) -> None:  # type: ignore[no-untyped-def]
+        if self.variant == "temp_rename_no_dir_fsync" and after and entry.get("op") == "rename":
+            dirs = []
         super().ns_op(entry, do, [] if self.variant == "ns_no_dir_fsync" else dirs, after)
 
     def log_batch(self, entry: dict) -> None:
@@ -403,7 +428,8 @@ def bad_factory(variant: str) -> type[CkptFS]:
 
 
 def bad_workload(variant: str) -> Workload:
-    """The workload that exposes ``variant``: an overwrite (install defects) or pointer update."""
+    """The workload that exposes ``variant``: an overwrite (install defects), a pointer update, or
+    the group that exercises it."""
     if variant == "prefix_any":
         w = append_log()
     elif variant in ("no_settle", "seal_unsynced"):
@@ -412,6 +438,8 @@ def bad_workload(variant: str) -> Workload:
         w = tree("async")
     elif variant == "seal_not_deferred":
         w = dataclasses.replace(group(steps=2), fs_kwargs={"compact_every": 4})
+    elif variant == "temp_rename_no_dir_fsync":
+        w = atomic_group(steps=1)  # (renames of temporary names inside an unsealed group: I8)
     else:
         w = pointer_rotation(steps=1) if variant == "ns_no_dir_fsync" else overwrite(versions=2)
     return dataclasses.replace(w, name=f"{w.name}[bad:{variant}]", fs_factory=bad_factory(variant))

@@ -61,7 +61,8 @@ def test_real_protocol_survives_every_enumerated_power_loss(scratch: str) -> Non
     assert not bad, bad
     assert {r.workload for r in results} >= {"single", "overwrite", "group", "dcp", "pointer_rotation",
                                               "async_pointer_rotation", "append_log",
-                                              "async_tree", "async_group_held"}  # (C5's group commits)
+                                              "async_tree", "async_group_held",  # (C5's group commits)
+                                              "atomic_group"}  # (I8 renames in an unsealed group)
     assert all(r.crash_points >= 10 and r.states_checked >= r.crash_points for r in results)
     assert sum(r.states_checked for r in results) >= 3000
     assert sum(r.recovery_crash_states for r in results) >= 1000

@@ -16,6 +16,7 @@ import torch
 
 from ckptfs import formats, procinfo
 from ckptfs.backing import OsBackingStore
+from ckptfs.engine.seals import OPEN, SEALED
 from ckptfs.fs import CkptFS
 from ckptfs.log.journal import Journal, decode_frames, encode_frame
 from ckptfs.recovery import recover
@@ -465,6 +466,47 @@ def test_a_rename_of_a_temporary_name_cut_by_a_power_loss_is_finished_from_the_d
     assert rep.renames_finished == ["latest.tmp"]
     assert rep.files["latest"].size == 2 and "latest.tmp" not in rep.files and not rep.suspect
     assert (tmp_path / "keep.tmp").exists() and {"keep", "keep.tmp"} <= set(rep.files)
+
+
+def test_an_atomic_writers_renames_in_a_group_never_sealed_cost_one_sync_each(tmp_path) -> None:
+    """I8 in an unsealed group (issue 27, W7): an already-atomic writer saves ``step_N`` (each file
+    ``name.tmp``, fsync, rename over ``name``), ``COMMIT`` last.  Each rename of a temporary name over
+    its name costs its directory's fsync alone (no synced intent), the marker's too, and seals the
+    group; the first one also settles the group's promotion (``step_N`` is tentative until a
+    checkpoint name lands in it), which it journaled unsynced.  A re-save into the sealed group
+    renames with a synced intent, as every other rename (G11 rolls a torn re-save back)."""
+    store, calls = counting_store(tmp_path)
+    fs = CkptFS(store)
+    try:
+        for step in (1, 2):
+            d = f"step_{step}"
+            fs.mkdir(d, 0o755)
+            for name, data in (("model.bin", os.urandom(5000)), ("optim.bin", os.urandom(3000)), ("COMMIT", b"ok")):
+                fh = fs.create(f"{d}/{name}.tmp", 0o644)
+                fs.write(fh, data, 0)
+                fs.fsync(fh)
+                fs.flush(fh)
+                fs.release(fh)
+                calls.clear()
+                fs.rename(f"{d}/{name}.tmp", f"{d}/{name}")
+                if name == "model.bin":
+                    assert calls == ["fdatasync", "fsync_dir"], (d, calls)  # the promotion settled
+                elif name == "optim.bin":
+                    assert calls == ["fsync_dir"], (d, calls)
+                    assert fs.groups[d].state == OPEN
+                elif step == 2:  # the rename's one sync, then the seal's (its journal entry: G12)
+                    assert calls == ["fsync_dir", "fdatasync"], calls
+            assert fs.groups[d].state == SEALED and not (tmp_path / d / "COMMIT.tmp").exists()
+        fh = fs.create("step_2/model.bin.tmp", 0o644)
+        fs.write(fh, os.urandom(5000), 0)
+        fs.fsync(fh)
+        fs.flush(fh)
+        fs.release(fh)
+        calls.clear()
+        fs.rename("step_2/model.bin.tmp", "step_2/model.bin")
+        assert calls[:2] == ["fdatasync", "fsync_dir"], calls
+    finally:
+        fs.shutdown()
 
 
 @pytest.mark.parametrize("journaled", [True, False])
