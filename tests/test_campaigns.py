@@ -22,10 +22,15 @@ def test_writer_kill_campaign_bounded(tmp_path: Path) -> None:
     res = writer.run(counts, seed=11, base=tmp_path)
     assert res["violations"] == []
     by = {(c["mode"], c["workload"]): c for c in res["conditions"]}
-    for key, c in by.items():
-        if key[0].startswith("ckptfs"):
-            assert c["ok"] == c["trials"], c
-            assert c["killed_mid_run"] >= c["trials"] // 3, c  # the kills really hit running saves
+    ours = [c for key, c in by.items() if key[0].startswith("ckptfs")]
+    for c in ours:
+        assert c["ok"] == c["trials"], c
+        # the kills really hit running saves: in every condition, and a third of them in all.  (Per
+        # condition a third was flaky: a kill lands mid-save with p ~ 0.5-0.8 depending on the load,
+        # and at p = 0.5 a condition of 15 trials has fewer than 5 hits 6 % of the time; the
+        # aggregate over the 100 trials is what says the campaign exercised the kills)
+        assert c["killed_mid_run"] >= max(1, c["trials"] // 5), c
+    assert sum(c["killed_mid_run"] for c in ours) >= sum(c["trials"] for c in ours) // 3, ours
     assert sum(c["ckptfs_aborts"] for k, c in by.items() if k[0].startswith("ckptfs")) >= 5
     # the checker sees torn files where they exist: in-place writes killed mid-save tear
     unsafe = by[("unsafe", "torch.save")]
