@@ -10,15 +10,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, Mount, _env
+from conftest import ROOT, Mount, _env, fusermount
+
+from ckptfs.cli import is_ckptfs_mount
 
 COMMANDS = [["status"], ["verify", "--json"], ["ls", "--all", "--json"], ["show"],
             ["latest", "--json"], ["gc", "--dry-run"], ["recover"], ["forget"], ["scrub"],
             ["seal"], ["umount"]]
 
 
-def _run(args: list[bytes | str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ckptfs", *args], capture_output=True, env=_env(), cwd=ROOT,
+def _run(args: list[bytes | str], cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ckptfs", *args], capture_output=True, env=_env(), cwd=cwd,
                           timeout=120)
 
 
@@ -51,6 +53,8 @@ def _targets(tmp: Path) -> list[bytes]:
 def test_commands_on_odd_paths_end_cleanly(tmp_path: Path, mounted: bool) -> None:
     d = tmp_path / "ckpts"
     d.mkdir()
+    here = tmp_path / "cwd"  # the commands' working directory: relative and empty paths resolve here
+    here.mkdir()
     targets = _targets(d)
     failures = []
 
@@ -58,7 +62,7 @@ def test_commands_on_odd_paths_end_cleanly(tmp_path: Path, mounted: bool) -> Non
         for cmd in COMMANDS:
             for t in targets:
                 args: list[bytes | str] = [*cmd, t] if cmd[0] != "forget" else [*cmd, str(d), t]
-                r = _run(args)
+                r = _run(args, cwd=here)
                 err = r.stderr.decode(errors="replace")
                 if r.returncode not in (0, 1, 2) or "Traceback" in err:
                     failures.append(f"ckptfs {' '.join(map(repr, args))}: exit {r.returncode}: {err[-400:]}")
@@ -72,6 +76,29 @@ def test_commands_on_odd_paths_end_cleanly(tmp_path: Path, mounted: bool) -> Non
     finally:
         _remove_deep(d / "deep")  # pytest's own cleanup of old runs recurses: RecursionError at 1,000
     assert not failures, "\n".join(failures[:20])
+    assert list(here.iterdir()) == [], "a command wrote into its working directory"
+
+
+@pytest.mark.parametrize("cmd", [["mount"], ["recover"], ["status"], ["verify"], ["ls"], ["latest"], ["show"],
+                                 ["gc", "--dry-run"], ["scrub"], ["seal"], ["umount"], ["forget", "/nonexistent"]],
+                         ids=lambda c: c[0])
+def test_an_empty_path_is_refused_not_taken_for_the_working_directory(tmp_path: Path, cmd: list[str]) -> None:
+    """``ckptfs mount "$UNSET"`` mounted the shell's working directory (``os.path.abspath('')``), and
+    ``recover ''`` recovered it: an earlier run of the fuzz test above left a ``.ckptfs/`` in the
+    repository's root that way.  An empty path names nothing, as for ``ls ''``."""
+    here = tmp_path / "cwd"
+    here.mkdir()
+    (here / ".ckptfs").mkdir()  # (recover, scrub and the rest would act on a ckptfs directory here)
+    r = _run([*cmd, ""], cwd=here)
+    try:
+        assert r.returncode == 2, r
+        assert b"'': no such file or directory" in r.stderr, r.stderr
+        assert sorted(p.name for p in here.iterdir()) == [".ckptfs"] and not any((here / ".ckptfs").iterdir())
+    finally:
+        if is_ckptfs_mount(str(here)):  # (the defect: a daemon serves the working directory)
+            fusermount(here)
+            fusermount(here, lazy=True)
+    assert not is_ckptfs_mount(str(here))
 
 
 def _remove_deep(top: Path) -> None:

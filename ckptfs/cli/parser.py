@@ -95,6 +95,20 @@ def helper_argv(argv: list[str], parser: argparse.ArgumentParser | None = None) 
     return out
 
 
+PATH_ARGS = ("dir", "path", "group", "files")  # the commands' positional paths
+
+
+def _refuse_empty_paths(args: argparse.Namespace) -> None:
+    """An empty path names nothing (``ls ''``: No such file or directory); ``os.path.abspath('')``
+    would make it the current directory, so ``ckptfs mount "$UNSET"`` mounted wherever the shell
+    stood and ``recover ''`` recovered it."""
+    for name in PATH_ARGS:
+        v = getattr(args, name, None)
+        for x in v if isinstance(v, list) else [v]:
+            if isinstance(x, str) and x == "":
+                raise CliError(f"'': no such file or directory (an empty {name.upper()} argument)")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -105,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         return e.code
     args = parser.parse_args(helper if helper is not None else argv)
     try:
+        _refuse_empty_paths(args)
         rc = args.func(args)
         sys.stdout.flush()  # here, where a reader gone away is handled below, not at interpreter exit
         return rc
