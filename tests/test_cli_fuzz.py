@@ -80,8 +80,9 @@ def test_commands_on_odd_paths_end_cleanly(tmp_path: Path, mounted: bool) -> Non
 
 
 @pytest.mark.parametrize("cmd", [["mount"], ["recover"], ["status"], ["verify"], ["ls"], ["latest"], ["show"],
-                                 ["gc", "--dry-run"], ["scrub"], ["seal"], ["umount"], ["forget", "/nonexistent"]],
-                         ids=lambda c: c[0])
+                                 ["gc", "--dry-run"], ["scrub"], ["seal"], ["umount"], ["forget", "/nonexistent"],
+                                 ["mount", "/nonexistent", "--backing"]],
+                         ids=lambda c: "-".join(x.strip("-/") for x in c if x != "/nonexistent"))
 def test_an_empty_path_is_refused_not_taken_for_the_working_directory(tmp_path: Path, cmd: list[str]) -> None:
     """``ckptfs mount "$UNSET"`` mounted the shell's working directory (``os.path.abspath('')``), and
     ``recover ''`` recovered it: an earlier run of the fuzz test above left a ``.ckptfs/`` in the

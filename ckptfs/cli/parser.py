@@ -95,7 +95,7 @@ def helper_argv(argv: list[str], parser: argparse.ArgumentParser | None = None) 
     return out
 
 
-PATH_ARGS = ("dir", "path", "group", "files")  # the commands' positional paths
+PATH_ARGS = ("dir", "path", "group", "files", "backing")  # the commands' paths (positional; --backing)
 
 
 def _refuse_empty_paths(args: argparse.Namespace) -> None:
