@@ -105,8 +105,8 @@ def pair_medians(res: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def _ledger_row(res: dict[str, Any], op: str) -> dict[str, Any] | None:
-    return next((r["ckptfs"] for r in res.get("ledger", []) if r["op"] == op), None)
+def _ledger_row(res: dict[str, Any], op: str, side: str = "ckptfs") -> dict[str, Any] | None:
+    return next((r[side] for r in res.get("ledger", []) if r["op"] == op), None)
 
 
 def targets27(s: dict[str, Any], res: dict[str, Any]) -> list[tuple[str, float, float, bool, bool]]:
@@ -156,7 +156,7 @@ def targets27(s: dict[str, Any], res: dict[str, Any]) -> list[tuple[str, float, 
         if row is not None:
             out.append((name, sum(row["daemon"].get(c, 0.0) for c in SYNC_CALLS), limit, False))
     row = _ledger_row(res, LEDGER_ATOMIC_GROUP)
-    own = next((r["native"] for r in res.get("ledger", []) if r["op"] == LEDGER_ATOMIC_GROUP), None)
+    own = _ledger_row(res, LEDGER_ATOMIC_GROUP, "native")
     if row is not None and own is not None:  # W7's group: the writer's own syncs (natively) + 2
         mine = sum(own["app"].get(c, 0.0) for c in SYNC_CALLS)
         out.append((f"syncs per already-atomic group (its own {mine:g} + 2)",

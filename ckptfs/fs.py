@@ -671,17 +671,17 @@ class CkptFS:
         reopening, nothing kept or rolled back to): a temporary name renamed over its name there is
         I8 as outside groups (W7, an already-atomic writer's group: ``model.pt.tmp`` -> ``model.pt``,
         ``COMMIT.tmp`` -> ``COMMIT``), a tentative group's too (the rename promotes it: its entry is
-        settled before the rename, as any entry owed).  Nothing of such a group's state is journaled by the rename
-        (its members are the records at its seal, its seal follows the rename's directory fsync),
-        so recovery reads the rename from the disk alone, R2 included (model checker:
-        ``atomic_group``)."""
+        settled before the rename, as any entry owed).  Nothing of such a group's state is
+        journaled by the rename (its members are the records at its seal, its seal follows the
+        rename's directory fsync), so recovery reads the rename from the disk alone, R2 included
+        (model checker: ``atomic_group``)."""
         g = self.grp.group_of(path)
         if g is None:  # a tentative group (``mkdir step_5``: no checkpoint file yet) the rename may promote
             g = self.groups.get(parent(path))
             if g is None or not g.tentative:
                 return False
-        return (g.state == OPEN and not g.late and not g.manifest_blake3 and not g.corrupt
-                and not g.seal_requested and not SealedView.applies(g))
+        # (never sealed: no manifest, so no re-save either, SealedView.applies)
+        return g.state == OPEN and not g.late and not g.manifest_blake3 and not g.corrupt and not g.seal_requested
 
     def _space(self) -> tuple[int, int]:
         """(bytes free, size) of the backing filesystem (as root writes: f_bfree)."""
@@ -2009,8 +2009,9 @@ class CkptFS:
                 keep = self._keep_plan(new, self.records[new])
             if on_disk:
                 dirs = [parent(new), parent(old)]
+                temp = not is_dir and keep is None and self._temp_rename(old, new)  # (one directory)
                 # (judged before note_rename, which may reopen a sealed group for a re-save)
-                fresh = not is_dir and self._in_unsealed_group(old)
+                fresh = temp and self._in_unsealed_group(old)
                 self.grp.note_rename(old, new, caller.pid, is_dir)
                 entry: dict[str, Any] = {"op": "rename", "src": old, "dst": new, "ino": src_st.st_ino}
                 if keep is not None:
@@ -2026,8 +2027,7 @@ class CkptFS:
                             self.gens.unlink_quiet(keep)
                         raise
 
-                plain = (not is_dir and keep is None and self._temp_rename(old, new)  # I8 + R2
-                         and (fresh or (self.grp.group_of(old) is None and self.grp.group_of(new) is None))
+                plain = (temp and (fresh or self.grp.group_of(old) is None)  # I8 + R2
                          and not self.gens.of(old) and not self.gens.of(new))
                 self.commit.ns_op(entry, do, dirs, after=plain)
                 if is_dir:  # (a file is never a group nor holds one)
